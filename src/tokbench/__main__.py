@@ -1,0 +1,5 @@
+"""`python -m tokbench` runs the CLI."""
+
+from tokbench.cli import main
+
+main()

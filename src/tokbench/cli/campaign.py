@@ -1,0 +1,7 @@
+"""CLI: placeholder for the campaign command(s); replaced by the module's owner."""
+
+from __future__ import annotations
+
+import click
+
+COMMANDS: list[click.Command] = []
