@@ -1,7 +1,8 @@
-"""Raw measurements as frozen dataclasses, and their JSON form. Every figure tokbench prints derives from these.
+"""Raw measurements as frozen dataclasses, and their JSON form.
 
-Times are `perf_counter_ns` integers (one monotonic clock for every interval); each trial also keeps one wall-clock
-anchor. A failed request is a record with an `error_kind`, never an exception.
+Every figure tokbench prints derives from these. Times are `perf_counter_ns` integers (one monotonic clock for
+every interval); each trial also keeps one wall-clock anchor. A failed request is a record with an
+`error_kind`, never an exception.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ def group_trials(trials: Sequence[TrialResult]) -> tuple[LevelResult, ...]:
     )
 
 
-# ---- JSON form --------------------------------------------------------------------------------------------------
+# ---- JSON form ----
 
 
 def record_to_dict(r: RequestRecord) -> dict[str, Any]:
@@ -158,7 +159,8 @@ def run_to_dict(run: RunResult) -> dict[str, Any]:
         "schema_version": SCHEMA_VERSION,
         "meta": meta,
         "levels": [
-            {"concurrency": lv.concurrency, "trials": [trial_to_dict(t) for t in lv.trials]} for lv in run.levels
+            {"concurrency": lv.concurrency, "trials": [trial_to_dict(t) for t in lv.trials]}
+            for lv in run.levels
         ],
     }
 
@@ -168,7 +170,8 @@ def _build(cls: type[Any], d: Mapping[str, Any], where: str) -> Any:
     try:
         return cls(**{k: v for k, v in d.items() if k in names})
     except TypeError as e:
-        raise StoreError(f"{where}: {e}; the result file is not one tokbench wrote, or it was cut short") from e
+        msg = f"{where}: {e}; the result file is not one tokbench wrote, or it was cut short"
+        raise StoreError(msg) from e
 
 
 def record_from_dict(d: Mapping[str, Any], where: str = "record") -> RequestRecord:
@@ -186,7 +189,8 @@ def record_from_dict(d: Mapping[str, Any], where: str = "record") -> RequestReco
 def run_from_dict(d: Mapping[str, Any], where: str = "result") -> RunResult:
     """Rebuild a run from its JSON form; extra keys (figures written beside the records) are ignored."""
     if not isinstance(d, Mapping) or "meta" not in d or "levels" not in d:
-        raise StoreError(f"{where}: expected an object with 'meta' and 'levels'; is this a tokbench result file?")
+        msg = f"{where}: expected an object with 'meta' and 'levels'; is this a tokbench result file?"
+        raise StoreError(msg)
     meta = _build(RunMeta, d["meta"], f"{where}.meta")
     levels = []
     for i, lv in enumerate(d["levels"]):

@@ -1,0 +1,1 @@
+"""Load generation: wire protocol (protocol), streaming client (client), schedules (schedule), sweeps."""

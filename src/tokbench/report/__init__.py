@@ -1,0 +1,1 @@
+"""Reports: terminal tables, markdown, self-contained HTML with plots, and exports to other tools' formats."""

@@ -1,0 +1,79 @@
+"""`tokbench demo` end to end on the real engine, and the speculative accounting it rests on (issue 5):
+ngram-simple drafts are accepted (L > 1) and speed up C=1 more than C=4, diagnosed as erosion; the model
+drafting for itself is accepted almost always yet slower, diagnosed as step cost."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from llama_helpers import tokbench
+
+from tokbench.report.export import read_result_json
+from tokbench.server.install import EnginePaths
+from tokbench.spec import diagnose
+
+pytestmark = pytest.mark.llamacpp
+
+
+@pytest.fixture(scope="module")
+def demo_out(llama_engine: EnginePaths, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, float]:
+    out = tmp_path_factory.mktemp("demo") / "out"
+    t0 = time.monotonic()
+    # 128 output tokens: enough repetition for n-gram drafts to matter, still a few minutes on two cores
+    done = tokbench("demo", "--out", str(out), "--no-store", "--max-tokens", "128", timeout_s=900)
+    took = time.monotonic() - t0
+    assert done.returncode == 0, (
+        f"demo failed ({done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"
+    )
+    return out, done.stdout, took
+
+
+def test_demo_prints_tables_verdicts_accounting_and_report(demo_out: tuple[Path, str, float]) -> None:
+    out, stdout, _ = demo_out
+    for name in ("baseline", "ngram", "draft-same-model"):
+        assert name in stdout
+        assert (out / "results" / f"{name}.json").is_file()
+    assert stdout.count("Agg tok/s") >= 3, "one seed table per configuration"
+    assert "Speculative accounting" in stdout
+    assert "step cost" in stdout
+    assert "demo finished in" in stdout
+    for f in ("report.html", "report.md", "checklist.md", "comparison.md"):
+        assert (out / f).is_file() and (out / f).stat().st_size > 0, f
+        assert str(out / f) in stdout or f in ("checklist.md", "comparison.md")
+    html = (out / "report.html").read_text()
+    assert "<svg" in html and "ngram" in html
+    assert "ngram vs baseline" in (out / "report.md").read_text()
+
+
+def test_ngram_speedup_erodes_with_concurrency(demo_out: tuple[Path, str, float]) -> None:
+    out, _, _ = demo_out
+    base = read_result_json(out / "results" / "baseline.json")
+    ngram = read_result_json(out / "results" / "ngram.json")
+    levels = {d.concurrency: d for d in diagnose(base, ngram)}
+    assert sorted(levels) == [1, 2, 4]
+    for d in levels.values():
+        assert d.acceptance is not None and d.acceptance.engaged
+        assert d.length is not None and d.length > 1.0, d
+    s1, s4 = levels[1].speedup, levels[4].speedup
+    assert s1 is not None and s4 is not None
+    assert s1 > 1.1, f"ngram-simple speeds up C=1: S = {s1:.2f}"
+    assert s4 < s1 * 0.95, f"and less at C=4: S {s1:.2f} -> {s4:.2f}"
+    assert "erosion" in levels[4].checks, [f.message for f in levels[4].findings]
+
+
+def test_same_model_draft_is_accepted_yet_slower(demo_out: tuple[Path, str, float]) -> None:
+    out, _, _ = demo_out
+    base = read_result_json(out / "results" / "baseline.json")
+    draft = read_result_json(out / "results" / "draft-same-model.json")
+    levels = diagnose(base, draft)
+    for d in levels:
+        acc = d.acceptance
+        assert acc is not None and acc.acceptance_rate is not None
+        assert acc.acceptance_rate >= 0.9, f"C={d.concurrency}: the model agrees with itself"
+        assert d.speedup is not None and d.speedup < 1.0, f"C={d.concurrency}: yet slower, S = {d.speedup}"
+    assert "step_cost" in levels[0].checks, [f.message for f in levels[0].findings]
+    comparison = json.loads((out / "comparison.json").read_text())
+    assert "draft-same-model" in json.dumps(comparison)
