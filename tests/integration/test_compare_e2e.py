@@ -17,10 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
+from click.testing import CliRunner
 
+from tokbench.cli import main
 from tokbench.config import load_spec
 from tokbench.loadgen.runner import run_sweep
 from tokbench.records import RunMeta, RunResult, TrialResult, group_trials
@@ -95,3 +100,42 @@ async def test_identical_servers_are_never_called_faster_or_slower_over_5_seeds(
         assert not any(v.verdict in ("faster", "slower") for v in verdicts), _describe(verdicts)
         seen += [v.verdict for v in verdicts]
     assert len(seen) == 5 * len(LEVELS)
+
+
+def test_calibrate_cli_against_a_reference_server_subprocess(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tokbench.testing", "--port", "0", "--ttft-ms", "5", "--itl-ms", "5"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "listening on http://127.0.0.1:PORT", flushed first
+        assert line.startswith("listening on "), line
+        url = line.split()[-1]
+        out = tmp_path / "aa.json"
+        args = [
+            "calibrate",
+            "--base-url",
+            url,
+            "-c",
+            "1,2",
+            "--trials",
+            "3",
+            "--max-tokens",
+            "8",
+            "--detect",
+            "5",
+        ]
+        r = CliRunner().invoke(main, [*args, "--out", str(out)])
+        assert r.exit_code == 0, r.output
+        assert "A/A calibration of agg_tok_s" in r.output and "K for 5%" in r.output
+        # The saved A/A run calibrates to the same table.
+        again = CliRunner().invoke(main, ["calibrate", "--from", str(out), "--detect", "5"])
+        assert again.exit_code == 0, again.output
+        table = r.output[r.output.index("A/A calibration") :]
+        assert again.output[again.output.index("A/A calibration") :] == table
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import sys
@@ -195,9 +194,10 @@ def calibrate_cmd(base_url: str | None, from_run: str | None, levels: str, trial
             base_url=base_url, api=api, model=model, concurrencies=parse_levels(levels), trials=trials,
             requests=requests, max_tokens=max_tokens, api_key_env=api_key_env, label=label,
         )  # fmt: skip
-        from tokbench.loadgen.runner import run_sweep
+        from tokbench.loadgen.runner import sweep_sync
 
-        run = asyncio.run(run_sweep(spec, api_key=api_key, label=label, on_trial=_progress(console)))
+        # Ctrl-C ends the sweep cleanly with the trials that finished (meta.complete False).
+        run = sweep_sync(spec, api_key=api_key, label=label, on_trial=_progress(console))
         if out is not None:
             from tokbench.report.export import write_result_json
 

@@ -21,7 +21,7 @@ PATHS: Final[Mapping[str, str]] = {
 }
 # Response keys kept raw in RequestRecord.extras: llama.cpp `timings`, SGLang `meta_info`, vLLM per-request
 # `metrics`, and the last `usage` seen.
-EXTRA_KEYS: Final = ("timings", "meta_info", "metrics", "usage")
+EXTRA_KEYS: Final = ("timings", "meta_info", "metrics", "usage", "sglext")
 _DONE: Final = "[DONE]"
 _SSE_FIELDS: Final = frozenset(("event", "id", "retry"))
 _loads = json.loads
@@ -243,6 +243,8 @@ class StreamDecoder:
             if fr is not None:
                 self.finish_reason = fr
                 self._keep_extras(obj)
+                # SGLang's OpenAI endpoints with return_meta_info put meta_info inside the choice.
+                self._keep_extras(c)
             return
         err = obj.get("error")
         if err is not None or obj.get("object") == "error":

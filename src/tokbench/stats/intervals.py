@@ -9,14 +9,35 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-from scipy import special  # type: ignore[import-untyped]
+
+
+def _special() -> Any:
+    # Imported on first use: scipy costs ~0.2 s, which `tokbench --help` should not pay. The ufuncs, not
+    # scipy.stats' distribution objects, because verdict simulations call these thousands of times.
+    from scipy import special  # type: ignore[import-untyped]
+
+    return special
 
 
 def t_quantile(p: float, df: float) -> float:
-    """Student's t quantile; the ufunc (not scipy.stats.t.ppf) because verdict simulations call it a lot."""
-    return float(special.stdtrit(df, p))
+    """Student's t quantile at probability p with df degrees of freedom (df may be fractional or inf)."""
+    return float(_special().stdtrit(df, p))
+
+
+def t_quantiles(p: float, df: np.ndarray) -> np.ndarray:
+    return np.asarray(_special().stdtrit(df, p), dtype=float)
+
+
+def normal_cdf(x: np.ndarray) -> np.ndarray:
+    return np.asarray(_special().ndtr(x), dtype=float)
+
+
+def chi2_quantile(p: float, df: int) -> float:
+    """x with P(X <= x) = p for a chi-square with df degrees of freedom."""
+    return float(_special().chdtri(df, 1 - p))
 
 
 def t_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95) -> tuple[float, float] | None:

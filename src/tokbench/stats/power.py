@@ -12,10 +12,10 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import special  # type: ignore[import-untyped]
 
 from tokbench.errors import InsufficientDataError
 from tokbench.records import LevelResult, RunResult
+from tokbench.stats.intervals import chi2_quantile, normal_cdf, t_quantile, t_quantiles
 from tokbench.stats.summary import metric_values
 
 POWER = 0.80
@@ -28,7 +28,7 @@ _GRID = np.unique(np.round(np.geomspace(2, MAX_TRIALS, 40)).astype(int))
 def _z_sum(n: np.ndarray, alpha: float, power: float) -> np.ndarray:
     """t_{1-α/2} + t_{power} at the pooled degrees of freedom of n trials per side."""
     df = 2 * n - 2
-    return np.asarray(special.stdtrit(df, 1 - alpha / 2) + special.stdtrit(df, power))
+    return np.asarray(t_quantiles(1 - alpha / 2, df) + t_quantiles(power, df))
 
 
 @functools.lru_cache(maxsize=8)
@@ -42,7 +42,7 @@ def half_width_pct(cv: float, n_per_side: int, alpha: float = ALPHA) -> float | 
     equivalence margin below about twice this cannot promise `no_difference` for identical configurations."""
     if n_per_side < 2:
         return None
-    t = float(special.stdtrit(2 * n_per_side - 2, 1 - alpha / 2))
+    t = t_quantile(1 - alpha / 2, 2 * n_per_side - 2)
     return 100 * math.expm1(t * cv * math.sqrt(2 / n_per_side))
 
 
@@ -82,14 +82,14 @@ def decide_probability(
     se = np.sqrt(var_a + var_b)
     with np.errstate(divide="ignore", invalid="ignore"):
         df = np.where(se > 0, (var_a + var_b) ** 2 / ((var_a**2 + var_b**2) / (n - 1)), np.inf)
-    h = np.asarray(special.stdtrit(df, 1 - alpha / 2)) * se
+    h = t_quantiles(1 - alpha / 2, df) * se
     e = math.log1p(delta_pct / 100)
     lo_bound, hi_bound = math.log1p(-margin_pct / 100), math.log1p(margin_pct / 100)
 
     def mass(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         # P(lo <= estimate <= hi), zero for empty ranges; a zero standard error puts all mass on e.
         with np.errstate(divide="ignore", invalid="ignore"):
-            p = special.ndtr((hi - e) / se) - special.ndtr((lo - e) / se)
+            p = normal_cdf((hi - e) / se) - normal_cdf((lo - e) / se)
         point = ((lo <= e) & (e <= hi)).astype(float)
         return np.where(hi >= lo, np.where(se > 0, p, point), 0.0)
 
@@ -155,7 +155,7 @@ def calibrate(
         mean = float(arr.mean())
         sd = float(arr.std(ddof=1))
         cv = sd / mean if mean > 0 else math.inf
-        cv_upper = cv * math.sqrt((k - 1) / float(special.chdtri(k - 1, 0.95))) if mean > 0 else None
+        cv_upper = cv * math.sqrt((k - 1) / chi2_quantile(0.05, k - 1)) if mean > 0 else None
         drift = None
         if k >= 4 and mean > 0:
             half = k // 2

@@ -16,15 +16,22 @@ import pytest
 from llama_helpers import TAG, TAG_ENV, running_llama, tagged_processes, wait_gone
 
 from tokbench.errors import EngineInstallError
-from tokbench.server.install import EnginePaths, install_llamacpp
+from tokbench.server.install import EnginePaths, InstallStep, install_llamacpp
 from tokbench.server.launch import ServerProcess
 
 
 @pytest.fixture(scope="session")
 def llama_engine() -> EnginePaths:
     """The cached llama-server build and the model; installs them if missing (minutes, once)."""
+    stages: set[str] = set()
+
+    def progress(step: InstallStep) -> None:
+        if step.stage not in stages:  # one line per stage, not one per compiler line
+            stages.add(step.stage)
+            print(step)
+
     try:
-        return install_llamacpp(print)
+        return install_llamacpp(progress)
     except EngineInstallError as e:
         pytest.fail(f"the llama.cpp engine could not be installed, so the llamacpp tests cannot run: {e}")
 

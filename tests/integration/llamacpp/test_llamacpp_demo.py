@@ -22,8 +22,8 @@ pytestmark = pytest.mark.llamacpp
 def demo_out(llama_engine: EnginePaths, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, float]:
     out = tmp_path_factory.mktemp("demo") / "out"
     t0 = time.monotonic()
-    # 128 output tokens: enough repetition for n-gram drafts to matter, still a few minutes on two cores
-    done = tokbench("demo", "--out", str(out), "--no-store", "--max-tokens", "128", timeout_s=900)
+    # the demo exactly as README command 1 runs it (128 output tokens, C=1,2,4, 3 interleaved trials)
+    done = tokbench("demo", "--out", str(out), "--no-store", timeout_s=900)
     took = time.monotonic() - t0
     assert done.returncode == 0, (
         f"demo failed ({done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-4000:]}"

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llama_helpers import running_llama, tokbench
+from llama_helpers import running_llama, tagged_processes, tokbench
 
 from tokbench.records import RunResult, run_from_dict
 from tokbench.server.install import EnginePaths
@@ -61,6 +61,8 @@ def test_sweep_figures_agree_with_the_engine(baseline_server: ServerProcess, tmp
 
 def test_ngram_counters_are_read(llama_engine: EnginePaths, tmp_path: Path) -> None:
     with running_llama(llama_engine, tmp_path, "--spec-type", "ngram-simple", name="ngram") as server:
+        # the leftover-process check can see this server (so it would see it left running)
+        assert server.pid in {pid for pid, _ in tagged_processes()}
         out = tmp_path / "ngram.json"
         _, data = sweep(server.base_url, out, "-c", "1", "--requests", "2", "--max-tokens", "128")
     run = run_from_dict(data)

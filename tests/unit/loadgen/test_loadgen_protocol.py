@@ -268,3 +268,12 @@ def test_extra_body_merges_last_and_deep() -> None:
     assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
     assert body["max_tokens"] == 5 and body["top_k"] == 20
     assert merge_body({"a": {"b": 1}}, {"a": 2}) == {"a": 2}
+
+
+def test_sglang_openai_meta_info_inside_the_choice_is_kept() -> None:
+    # SGLang's OpenAI endpoints with "return_meta_info": true put meta_info in choices[0]; newer ones add sglext.
+    final = chat(None, "length", sglext={"spec_verify_ct": 2})
+    final["choices"][0]["meta_info"] = {"spec_verify_ct": 2, "completion_tokens": 3}
+    d = decode([ev(chat("a")), ev(chat("b")), ev(final), DONE])
+    assert d.extras["meta_info"] == {"spec_verify_ct": 2, "completion_tokens": 3}
+    assert d.extras["sglext"] == {"spec_verify_ct": 2}
