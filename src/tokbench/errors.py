@@ -1,14 +1,14 @@
 """The exception tree. Request failures are data (RequestRecord.error_kind); these are for infrastructure.
 
-    TokbenchError
-    ├── ConfigError            bad flag, plan field or input file; names the field and the fix
-    │   └── PreflightError     a server configuration that would crash at launch (a known flag conflict)
-    ├── ServerError            an engine we launched or probe
-    │   ├── ServerStartError   died or never became ready; carries the triage
-    │   └── ServerCrashError   died while being measured
-    ├── EngineInstallError     building llama-server or assembling the model failed
-    ├── StoreError             the results store or a result file cannot be read or written
-    └── InsufficientDataError  a figure needs more data than was recorded
+TokbenchError
+├── ConfigError            bad flag, plan field or input file; names the field and the fix
+│   └── PreflightError     a server configuration that would crash at launch (a known flag conflict)
+├── ServerError            an engine we launched or probe
+│   ├── ServerStartError   died or never became ready; carries the triage
+│   └── ServerCrashError   died while being measured
+├── EngineInstallError     building llama-server or assembling the model failed
+├── StoreError             the results store or a result file cannot be read or written
+└── InsufficientDataError  a figure needs more data than was recorded
 """
 
 from __future__ import annotations

@@ -155,8 +155,15 @@ def demo(
             store.close()
     _print_results(stdout, plan, result)
     html, md = _write_reports(plan, result, out_dir)
-    stdout.print(f"\nreport: {html}\n        {md}\nall outputs: {out_dir}/", markup=False, highlight=False)
-    stdout.print(f"demo finished in {time.monotonic() - t0:.0f} s", markup=False, highlight=False)
+    stdout.print(
+        f"\nreport: {html}\n        {md}\nall outputs: {out_dir}/",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    stdout.print(
+        f"demo finished in {time.monotonic() - t0:.0f} s", markup=False, highlight=False, soft_wrap=True
+    )
     if result.interrupted:
         raise SystemExit(130)
     if result.failures:
@@ -177,14 +184,19 @@ def _print_results(stdout: Console, plan: Plan, result: CampaignResult) -> None:
             continue
         stdout.print(verdict_table(o.verdicts, base, o.name))
         for line in verdict_notes(o.verdicts):
-            stdout.print(f"  {line}", markup=False, highlight=False)
+            stdout.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
         if o.spec_levels:
             stdout.print(accounting_table(o.spec_levels, plan.metric))
             for line in diagnosis_lines(o.spec_levels):
-                stdout.print(f"  {line}", markup=False, highlight=False)
+                stdout.print(f"  {line}", markup=False, highlight=False, soft_wrap=True)
         elif o.spec_error:
-            stdout.print(f"  speculative accounting failed: {o.spec_error}", markup=False, highlight=False)
-    stdout.print("\n" + result.checklist, markup=False, highlight=False)
+            stdout.print(
+                f"  speculative accounting failed: {o.spec_error}",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
+    stdout.print("\n" + result.checklist, markup=False, highlight=False, soft_wrap=True)
 
 
 def _flags(plan: Plan, name: str) -> tuple[str, ...]:

@@ -271,7 +271,7 @@ def test_extra_body_merges_last_and_deep() -> None:
 
 
 def test_sglang_openai_meta_info_inside_the_choice_is_kept() -> None:
-    # SGLang's OpenAI endpoints with "return_meta_info": true put meta_info in choices[0]; newer ones add sglext.
+    # SGLang OpenAI endpoints with return_meta_info put meta_info in choices[0]; newer ones add sglext.
     final = chat(None, "length", sglext={"spec_verify_ct": 2})
     final["choices"][0]["meta_info"] = {"spec_verify_ct": 2, "completion_tokens": 3}
     d = decode([ev(chat("a")), ev(chat("b")), ev(final), DONE])
