@@ -390,6 +390,7 @@ _VOLATILE_PARTS = frozenset(
         "log_file",
         "random_seed",
         "seed",
+        "media_marker",  # llama.cpp /props: random per launch
     ]
 )
 _VOLATILE_SUFFIX = re.compile(r"(_ts|_time|_timestamp|_at)$", re.IGNORECASE)
