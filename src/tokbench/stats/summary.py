@@ -132,8 +132,14 @@ def token_arrivals(r: RequestRecord) -> tuple[np.ndarray, np.ndarray]:
 
 def itl_values(r: RequestRecord) -> np.ndarray:
     """Per-token inter-token latencies (ns) of one request: the gap before a chunk carrying k tokens counts as
-    k gaps of gap/k. Tokens of the first chunk belong to TTFT and contribute none."""
+    k gaps of gap/k. Tokens of the first chunk belong to TTFT and contribute none.
+
+    Chunks stamped at the same instant arrived in one socket read and count as one chunk: llama.cpp streams a
+    speculative step's tokens as separate events back to back, which would otherwise read as gaps of zero."""
     times, counts = token_arrivals(r)
+    if times.size > 1 and bool(np.any(times[1:] == times[:-1])):
+        times, first = np.unique(times, return_index=True)  # arrival times never decrease
+        counts = np.add.reduceat(counts, first)
     if times.size < 2:
         return np.empty(0)
     gaps = np.diff(times).astype(float)

@@ -192,6 +192,12 @@ def test_own_agg_throughput_matches_the_statistics_definition() -> None:
 
 def test_per_launch_values_of_llamacpp_props_are_not_drift() -> None:
     # llama.cpp's /props draws a new media_marker at every launch; it is not configuration.
-    base = {"argv": ["llama-server"], "resolved": {"props": {"media_marker": "<__media_abc__>", "n_ctx": 8192}}}
-    spec = {"argv": ["llama-server"], "resolved": {"props": {"media_marker": "<__media_xyz__>", "n_ctx": 4096}}}
+    base = {
+        "argv": ["llama-server"],
+        "resolved": {"props": {"media_marker": "<__media_abc__>", "n_ctx": 8192}},
+    }
+    spec = {
+        "argv": ["llama-server"],
+        "resolved": {"props": {"media_marker": "<__media_xyz__>", "n_ctx": 4096}},
+    }
     assert {c.key for c in config_changes(base, spec)} == {"props.n_ctx"}

@@ -88,6 +88,16 @@ def test_itl_counts_each_token_of_a_speculative_chunk() -> None:
     assert f.tpot_ms.p50 == pytest.approx(280 / 30)
 
 
+def test_chunks_of_one_socket_read_count_as_one_delivery() -> None:
+    # llama.cpp streams a speculative step's 3 tokens as 3 events in one read: same stamp, so one chunk of 3.
+    stamps = (50, 50, 80, 80, 80, 110, 110, 110)
+    r = dataclasses.replace(record(0, 0, tokens=8), chunk_ns=tuple(s * MS for s in stamps),
+                            chunk_tokens=(1,) * 8, completion_tokens=8)  # fmt: skip
+    values = itl_values(r) / MS
+    assert values.size == 6  # the two tokens of the first read belong to TTFT
+    assert np.allclose(values, 10.0)
+
+
 def test_usage_surplus_is_spread_over_chunks_in_proportion() -> None:
     r = dataclasses.replace(record(0, 0, tokens=3), chunk_tokens=(1, 2, 1), chunk_ns=(10, 20, 30),
                             completion_tokens=6)  # fmt: skip
