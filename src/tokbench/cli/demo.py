@@ -23,9 +23,9 @@ from tokbench.server.install import EnginePaths
 if TYPE_CHECKING:
     from tokbench.campaign import CampaignResult
 
-# Four slots: requests at C <= 4 are batched together instead of queueing. The context is split over the
-# slots; 8192 leaves each prompt plus a few hundred output tokens ample room and keeps the KV cache small.
-_PARALLEL = "4"
+# Four slots by default: requests at C <= 4 are batched together instead of queueing. The context is
+# split over the slots; 8192 leaves each prompt plus a few hundred output tokens ample room and keeps the
+# KV cache small.
 _CONTEXT = "8192"
 DEMO_CONFIGS = (
     ("baseline", ()),
@@ -36,8 +36,8 @@ DEMO_CONFIGS = (
 )
 
 
-def llama_server_argv(engine: EnginePaths, *extra: str) -> tuple[str, ...]:
-    """llama-server on {host}:{port} (the campaign fills both) with 4 slots and Prometheus metrics."""
+def llama_server_argv(engine: EnginePaths, *extra: str, parallel: int = 4) -> tuple[str, ...]:
+    """llama-server on {host}:{port} (the campaign fills both), `parallel` slots, Prometheus metrics."""
     fill = {"{model}": str(engine.model)}
     return (
         str(engine.server),
@@ -48,7 +48,7 @@ def llama_server_argv(engine: EnginePaths, *extra: str) -> tuple[str, ...]:
         "--port",
         "{port}",
         "-np",
-        _PARALLEL,
+        str(parallel),
         "-c",
         _CONTEXT,
         "--metrics",

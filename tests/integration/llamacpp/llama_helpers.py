@@ -12,33 +12,18 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+from tokbench.cli.demo import llama_server_argv
 from tokbench.config import ServerSpec
 from tokbench.server.install import EnginePaths
 from tokbench.server.launch import ServerProcess
 
 TAG_ENV = "TOKBENCH_TEST_TAG"
 TAG = uuid.uuid4().hex
-# Small enough to load fast, large enough for 4 slots of prompt + a few hundred output tokens.
-CONTEXT = "8192"
 
 
 def llama_argv(engine: EnginePaths, *extra: str, parallel: int = 4) -> list[str]:
-    """llama-server serving Gemma on {host}:{port} with `parallel` slots and Prometheus metrics."""
-    return [
-        str(engine.server),
-        "-m",
-        str(engine.model),
-        "--host",
-        "{host}",
-        "--port",
-        "{port}",
-        "-np",
-        str(parallel),
-        "-c",
-        CONTEXT,
-        "--metrics",
-        *extra,
-    ]
+    """llama-server serving Gemma on {host}:{port}, as the demo runs it."""
+    return list(llama_server_argv(engine, *extra, parallel=parallel))
 
 
 @contextlib.contextmanager
