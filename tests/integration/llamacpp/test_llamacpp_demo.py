@@ -57,10 +57,16 @@ def test_ngram_speedup_erodes_with_concurrency(demo_out: tuple[Path, str, float]
     for d in levels.values():
         assert d.acceptance is not None and d.acceptance.engaged
         assert d.length is not None and d.length > 1.0, d
-    s1, s4 = levels[1].speedup, levels[4].speedup
-    assert s1 is not None and s4 is not None
-    assert s1 > 1.1, f"ngram-simple speeds up C=1: S = {s1:.2f}"
-    assert s4 < s1 * 0.95, f"and less at C=4: S {s1:.2f} -> {s4:.2f}"
+    s = {c: d.speedup for c, d in levels.items()}
+    r = {c: d.step_cost for c, d in levels.items()}
+    assert all(v is not None for v in (*s.values(), *r.values())), levels
+    assert s[1] > 1.1, f"ngram-simple speeds up C=1: S = {s[1]:.2f}"
+    # Erosion as the diagnosis defines it: S at C=4 falls more than 5% below its best at a lower level (on
+    # two cores the peak is at C=1 or C=2, and C=1 vs C=2 alone is within noise), because each speculative
+    # step costs more plain steps as the batch grows.
+    peak = max(s[1], s[2])  # type: ignore[type-var]
+    assert s[4] < peak * 0.95, f"and less at C=4: S {s[1]:.2f}, {s[2]:.2f} -> {s[4]:.2f}"
+    assert r[4] > r[1], f"step cost grows with concurrency: r {r[1]:.2f} -> {r[4]:.2f}"
     assert "erosion" in levels[4].checks, [f.message for f in levels[4].findings]
 
 
