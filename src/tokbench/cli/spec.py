@@ -20,6 +20,7 @@ from rich.table import Table
 from tokbench.config import parse_levels
 from tokbench.errors import ConfigError, InsufficientDataError
 from tokbench.records import RunResult, TrialResult
+from tokbench.server.engines import changed_flags, config_diff, json_safe
 from tokbench.spec.diagnose import LevelDiagnosis, diagnose, level_throughput
 from tokbench.spec.lossless import LosslessResult, lossless_check
 from tokbench.spec.model import Fit, alpha_positions, fit, predict, step_cost
@@ -183,7 +184,13 @@ def spec_command(
     check."""
     base, spec = _load(baseline, db), _load(spec_run, db)
     verdicts = {v.concurrency: v.verdict for v in compare_runs(base, spec, metric, margin)}
-    diags = diagnose(base, spec, trial_throughput=_throughput(metric), verdicts=verdicts)
+    diags = diagnose(
+        base,
+        spec,
+        trial_throughput=_throughput(metric),
+        verdicts=verdicts,
+        config_diff=resolved_diff(base, spec),
+    )
     loss = lossless_check(base, spec)
     if as_json:
         out = {
@@ -344,3 +351,13 @@ def spec_model_command(
 
 
 COMMANDS: list[click.Command] = [spec_command, spec_model_command]
+
+
+def resolved_diff(base: RunResult, spec: RunResult) -> list[tuple[str, Any, Any]] | None:
+    """The resolved-configuration diff the campaign computes, from what each run recorded of its server."""
+    a, b = base.meta.server, spec.meta.server
+    ra, rb = a.get("resolved"), b.get("resolved")
+    if not ra or not rb:
+        return None
+    flags = changed_flags(a.get("argv") or (), b.get("argv") or (), a.get("env"), b.get("env"))
+    return [(d.key, json_safe(d.a), json_safe(d.b)) for d in config_diff(ra, rb, flags)]

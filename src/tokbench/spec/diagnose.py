@@ -332,8 +332,8 @@ def diagnose(
     config_diff: Sequence[tuple[str, Any, Any]] | None = None,
 ) -> list[LevelDiagnosis]:
     """Diagnose every level of `spec_run` against `baseline`. Pass the statistics' per-trial throughput and
-    verdicts to make the figures match `tokbench compare`; pass a precomputed (key, baseline, spec) diff of
-    resolved configurations, or one is computed from RunMeta.server."""
+    verdicts to make the figures match `tokbench compare`; pass the (key, baseline, spec) diff of resolved
+    configurations (server.engines.config_diff, which owns what counts as volatile) for the drift check."""
     inputs = []
     for lv in spec_run.levels:
         c = lv.concurrency
@@ -348,10 +348,11 @@ def diagnose(
                 baseline_acceptance=level_acceptance(base_lv) if base_lv is not None else None,
             )
         )
-    if config_diff is not None:
-        changes = classify_changes(config_diff, changed_flags(baseline.meta.server, spec_run.meta.server))
-    else:
-        changes = config_changes(baseline.meta.server, spec_run.meta.server)
+    changes = (
+        classify_changes(config_diff, changed_flags(baseline.meta.server, spec_run.meta.server))
+        if config_diff is not None
+        else []
+    )
     return diagnose_levels(inputs, changes)
 
 
@@ -361,58 +362,6 @@ def diagnose(
 _SPEC_KEY = re.compile(
     r"specul|draft|spec_|spec-|ngram|eagle|mtp|nextn|medusa|lookahead|num_spec", re.IGNORECASE
 )
-# Values that differ between any two launches or moments (ports, pids, clocks, live slot state, gauges): a key
-# with any of these path components, or whose last component ends like a timestamp, is not configuration.
-_VOLATILE_PARTS = frozenset(
-    [
-        "port",
-        "pid",
-        "host",
-        "hostname",
-        "uptime",
-        "timestamp",
-        "time",
-        "ts",
-        "started_at",
-        "created",
-        "base_url",
-        "url",
-        "id_task",
-        "n_decoded",
-        "next_token",
-        "is_processing",
-        "internal_states",
-        "last_gen_throughput",
-        "memory_usage",
-        "n_past",
-        "tokens_cached",
-        "log_path",
-        "log_file",
-        "random_seed",
-        "seed",
-        "media_marker",  # llama.cpp /props: random per launch
-    ]
-)
-_VOLATILE_SUFFIX = re.compile(r"(_ts|_time|_timestamp|_at)$", re.IGNORECASE)
-
-
-def _volatile(key: str) -> bool:
-    parts = key.lower().split(".")
-    return any(p in _VOLATILE_PARTS for p in parts) or bool(_VOLATILE_SUFFIX.search(parts[-1]))
-
-
-def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested mappings (and lists of mappings) to dotted keys; lists of scalars stay values."""
-    out: dict[str, Any] = {}
-    if isinstance(d, Mapping):
-        for k, v in d.items():
-            out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
-    elif isinstance(d, (list, tuple)) and any(isinstance(x, Mapping) for x in d):
-        for i, v in enumerate(d):
-            out.update(flatten(v, f"{prefix}.{i}" if prefix else str(i)))
-    else:
-        out[prefix] = d
-    return out
 
 
 def _flag_values(argv: Iterable[Any]) -> dict[str, str]:
@@ -448,24 +397,11 @@ def changed_flags(a: Mapping[str, Any], b: Mapping[str, Any]) -> set[str]:
 
 
 def classify_changes(diff: Iterable[tuple[str, Any, Any]], flags: Iterable[str] = ()) -> list[ConfigChange]:
-    """Drop volatile keys; mark speculative settings and purposely changed flags as expected."""
+    """Mark speculative settings and purposely changed flags as expected."""
     flags = set(flags)
     out = []
     for key, va, vb in diff:
-        if _volatile(key):
-            continue
         last = key.rsplit(".", 1)[-1].replace("-", "_").lower()
         expected = bool(_SPEC_KEY.search(key)) or last in flags
         out.append(ConfigChange(key, va, vb, expected))
     return out
-
-
-def config_changes(baseline_server: Mapping[str, Any], spec_server: Mapping[str, Any]) -> list[ConfigChange]:
-    """Differences between the two runs' resolved configurations (RunMeta.server['resolved']), each marked
-    expected when it is a speculative setting or a flag changed between the launches."""
-    ra, rb = baseline_server.get("resolved"), spec_server.get("resolved")
-    if not isinstance(ra, Mapping) or not isinstance(rb, Mapping) or not ra or not rb:
-        return []
-    fa, fb = flatten(ra), flatten(rb)
-    diff = [(k, fa.get(k), fb.get(k)) for k in sorted(fa.keys() | fb.keys()) if fa.get(k) != fb.get(k)]
-    return classify_changes(diff, changed_flags(baseline_server, spec_server))

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 from spec_fakes import rec, throughput_run, trial
 
+from tokbench.cli.spec import resolved_diff
 from tokbench.records import ErrorKind
-from tokbench.spec.diagnose import LevelInput, agg_tok_s, config_changes, diagnose, diagnose_levels
+from tokbench.spec.diagnose import LevelInput, agg_tok_s, classify_changes, diagnose, diagnose_levels
 from tokbench.spec.scrape import Acceptance, make_acceptance
 from tokbench.stats.summary import trial_figures
 
@@ -137,16 +138,18 @@ def test_configuration_drift_names_what_changed_beyond_the_speculative_flags() -
             "internal_states": [{"avg_spec_accept_length": 2.7}],
         },
     }
-    changes = {c.key: c for c in config_changes(base, spec)}
+    base_run = throughput_run({1: 229.0}, label="base", server=base)
+    spec_run = throughput_run({1: 119.0}, label="spec", server=spec)
+    diff = resolved_diff(base_run, spec_run)
+    assert diff is not None
+    changes = {c.key: c for c in classify_changes(diff, {"cuda_graph_bs"})}
+    # port (volatile) and internal_states (live gauges) are not configuration
     assert set(changes) == {"attention_backend", "page_size", "speculative_algorithm", "cuda_graph_bs"}
     assert (
         changes["speculative_algorithm"].expected and changes["cuda_graph_bs"].expected
     )  # changed on purpose
     assert not changes["attention_backend"].expected and not changes["page_size"].expected
-    diags = diagnose(
-        throughput_run({1: 229.0}, label="base", server=base),
-        throughput_run({1: 119.0}, label="spec", server=spec),
-    )
+    diags = diagnose(base_run, spec_run, config_diff=diff)
     drift = next(f for f in diags[0].findings if f.check == "config_drift")
     assert "attention_backend: trtllm_mha → triton" in drift.message
     assert "page_size: 64 → 1" in drift.message
@@ -200,4 +203,7 @@ def test_per_launch_values_of_llamacpp_props_are_not_drift() -> None:
         "argv": ["llama-server"],
         "resolved": {"props": {"media_marker": "<__media_xyz__>", "n_ctx": 4096}},
     }
-    assert {c.key for c in config_changes(base, spec)} == {"props.n_ctx"}
+    diff = resolved_diff(
+        throughput_run({1: 1.0}, label="a", server=base), throughput_run({1: 1.0}, label="b", server=spec)
+    )
+    assert [key for key, _, _ in diff or []] == ["props.n_ctx"]
