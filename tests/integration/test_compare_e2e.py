@@ -53,7 +53,7 @@ async def _interleaved(
             async with ReferenceServer(config(side, k)) as srv:
                 # The same workload seed for A and B at trial k: the same prompts in the same order (paired).
                 # Requests per level: max(4, 2*C) as in the seed (two rounds of 4 at C=4). 24 tokens a
-                # request: one scheduling hiccup weighs half what it did at 12 (a -17% outlier trial was seen).
+                # request: one scheduling hiccup weighs half what it did at 12 (a -17% outlier was seen).
                 spec = load_spec(base_url=srv.base_url, concurrencies=LEVELS, max_tokens=24, warmup=2, seed=k,
                                  timeout_s=30, stall_timeout_s=10)  # fmt: skip
                 run = await run_sweep(spec, label="AB"[side], environment={})
