@@ -4,6 +4,7 @@ ground truth), and against tiny raw servers for the keep-alive race, connect fai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import socket
@@ -200,6 +201,20 @@ async def test_fetch_text_and_resolve_model_failures() -> None:
         await resolve_model(f"http://127.0.0.1:{port}")
 
 
+@pytest.mark.parametrize("api", ["chat", "sglang"])
+async def test_a_100k_token_response_in_one_event_is_read_whole(api: str) -> None:
+    # One SSE event of ~600 KB: far past aiohttp's 64 KiB default buffer and any line-length limit.
+    cfg = ServerConfig(personality="sglang" if api == "sglang" else "openai", ttft_ms=0, itl_ms=0.001,
+                       tokens_per_chunk=100_000)  # fmt: skip
+    async with ReferenceServer(cfg) as srv:
+        r = await one(spec_for(srv.base_url, api=api, max_tokens=100_000), text="a long one")
+        (trace,) = srv.traces()
+    assert r.ok, (r.error_kind, r.error_message)
+    assert r.completion_tokens == trace.completion_tokens == 100_000
+    assert r.output_text == trace.text and len(trace.text) > 400_000
+    assert len(r.chunk_ns) == 2  # the first token alone, then the rest in one event
+
+
 # ---- raw servers: keep-alive race, connect failures, keys, cancellation -----------------------------------
 
 
@@ -277,6 +292,30 @@ async def test_server_that_always_drops_is_a_connect_error_after_one_retry() -> 
     assert r.error_kind is ErrorKind.CONNECT and r.retried
     assert "retry" in (r.error_message or "")
     assert len(conns) == 2
+
+
+async def test_connect_that_never_completes_is_a_connect_timeout() -> None:
+    # A listener that never accepts, its backlog full: the kernel drops further SYNs, so connect hangs.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        fillers = []
+        for _ in range(4):
+            f = socket.socket()
+            f.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                f.connect(("127.0.0.1", port))
+            fillers.append(f)
+        t0 = time.monotonic()
+        try:
+            r = await one(spec_for(f"http://127.0.0.1:{port}", timeout_s=1.0))
+        finally:
+            for f in fillers:
+                f.close()
+    assert r.error_kind is ErrorKind.CONNECT, (r.error_kind, r.error_message)
+    assert "connect timed out" in (r.error_message or "") and r.http_status is None
+    assert time.monotonic() - t0 < 10
 
 
 async def test_refused_connection_is_a_connect_error() -> None:

@@ -1,13 +1,15 @@
 """Speculative accounting against the reference server's engine personalities, over real sockets.
 
 Each personality speaks its engine's acceptance source: vLLM `vllm:spec_decode_*` counters, llama.cpp
-`llamacpp:spec_decode_*` counters and per-request `timings`, SGLang `/generate` `meta_info`. The measured
+`llamacpp:spec_decode_*` counters and per-request `timings`, SGLang `/generate` `meta_info`, vLLM per-request
+`metrics.speculative_decoding`. The measured
 figures must match the server's own ground truth exactly and the configured acceptance within 2%; a configured
 "accepted but too costly" speculation must be diagnosed as step cost.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Awaitable, Callable
 
@@ -18,6 +20,7 @@ from tokbench.loadgen.client import fetch_text
 from tokbench.loadgen.runner import run_sweep
 from tokbench.records import RunResult, TrialResult
 from tokbench.spec import diagnose, level_acceptance, trial_acceptance
+from tokbench.spec.scrape import request_acceptance, trial_window_s
 from tokbench.testing import ReferenceServer, ServerConfig
 
 # Conditional per-position acceptance as the reference server takes it (position i accepted given i-1 was).
@@ -82,6 +85,34 @@ async def test_llamacpp_per_request_timings_without_metrics_give_the_same_length
     _, draft_tokens, accepted = _truth(srv, trial)
     assert (acc.draft_tokens, acc.accepted) == (draft_tokens, accepted)
     assert acc.length == pytest.approx(L_CONFIGURED, rel=0.02)
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+async def test_vllm_per_request_spec_metrics_without_a_scrape_match_the_counters(api: str) -> None:
+    cfg = ServerConfig(
+        personality="vllm", spec_accept=ACCEPT, spec_request_metrics=True, itl_ms=1.0, ttft_ms=2.0, seed=7
+    )
+    async with ReferenceServer(cfg) as srv:
+        spec = LoadSpec(
+            base_url=srv.base_url, api=api, warmup=2, concurrencies=(8,), requests=24, max_tokens=640
+        )
+        run = await run_sweep(spec, scrape=_scraper(srv.base_url))
+    (trial,) = run.levels[0].trials
+    assert all(isinstance(r.extras["metrics"]["speculative_decoding"], dict) for r in trial.measured)
+    per_request = request_acceptance(trial.measured, trial_window_s(trial))
+    counters = trial_acceptance(trial)
+    assert per_request is not None and per_request.source == "metrics:vllm"
+    assert per_request.requests == len(trial.measured)
+    assert counters is not None and counters.source == "prometheus:vllm"
+    # Two sources, one truth: the server's own timeline, and each other.
+    drafts, draft_tokens, accepted = _truth(srv, trial)
+    for acc in (per_request, counters):
+        assert (acc.drafts, acc.draft_tokens, acc.accepted) == (drafts, draft_tokens, accepted)
+    assert per_request.accepted_per_position == counters.accepted_per_position
+    assert per_request.mean_accepted_length == pytest.approx(L_CONFIGURED, rel=0.02)
+    # Without the counters (no scrape), the trial's acceptance comes from the responses themselves.
+    no_scrape = dataclasses.replace(trial, metrics_before=None, metrics_after=None)
+    assert trial_acceptance(no_scrape) == per_request
 
 
 @pytest.mark.parametrize("personality", ["vllm", "llamacpp", "sglang"])

@@ -58,9 +58,10 @@ class StreamClient:
             headers["Authorization"] = f"Bearer {self._api_key}"
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0),
-            # total = the per-request deadline; sock_read = the stall timeout (no byte for that long).
+            # total = the per-request deadline; sock_read = the stall timeout (no byte for that long). The
+            # connect limit sits below the deadline so a connect that never completes is called one.
             timeout=aiohttp.ClientTimeout(
-                total=s.timeout_s, sock_connect=min(s.timeout_s, 30.0), sock_read=s.stall_timeout_s
+                total=s.timeout_s, sock_connect=min(s.timeout_s / 2, 30.0), sock_read=s.stall_timeout_s
             ),
             headers=headers,
             read_bufsize=READ_BUFSIZE,

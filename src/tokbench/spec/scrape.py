@@ -2,11 +2,12 @@
 
 Sources, best first: Prometheus counter deltas between the scrapes taken around a trial's measurement window
 (vLLM `vllm:spec_decode_*_total`, llama.cpp `llamacpp:spec_decode_*_total`), then per-request engine extras
-(SGLang `meta_info`, llama.cpp `timings`). Lifetime gauges (SGLang `avg_spec_accept_length`,
-`sglang:spec_accept_length`) are never read: they mix in warmup and earlier runs.
+(SGLang `meta_info`, vLLM `metrics.speculative_decoding`, llama.cpp `timings`). Lifetime gauges (SGLang
+`avg_spec_accept_length`, `sglang:spec_accept_length`) are never read: they mix in warmup and earlier runs.
 
 Definitions (every source is reduced to the same counts):
-- drafts: verification steps that carried a draft (vLLM/llama.cpp `num_drafts`, SGLang `spec_verify_ct`).
+- drafts: verification steps that carried a draft (vLLM/llama.cpp `num_drafts`, SGLang `spec_verify_ct`,
+  vLLM per-request `num_spec_steps`).
 - accepted: draft tokens the target accepted; draft_tokens: draft tokens proposed.
 - tokens: output tokens in the window; steps = tokens - accepted: target forward passes per request (each pass
   emits one token of its own plus the drafts it accepted; the prefill pass emits the first token).
@@ -57,7 +58,8 @@ _LLAMACPP_PRECISION_LIMIT = 1e6
 class Acceptance:
     """Speculative accounting over one trial or one level (see the module docstring for every definition)."""
 
-    source: str  # "prometheus:vllm", "prometheus:llamacpp", "meta_info:sglang", "timings:llamacpp"
+    # "prometheus:vllm", "prometheus:llamacpp", "meta_info:sglang", "metrics:vllm", "timings:llamacpp"
+    source: str
     drafts: int | None
     draft_tokens: int | None
     accepted: int
@@ -244,17 +246,45 @@ def _sglang_request(
     if draft_tokens is None:
         draft_tokens = _int(meta.get("spec_draft_token_num"))
     hist = meta.get("spec_correct_drafts_histogram", meta.get("spec_accept_histogram"))
-    per_pos: list[int] = []
-    if isinstance(hist, Sequence) and not isinstance(hist, str):
-        h = [_int(x) or 0 for x in hist]
-        # h[j] = verify steps that accepted exactly j drafts: position i was accepted in sum(h[j] for j > i).
-        per_pos = [sum(h[i + 1 :]) for i in range(max(len(h) - 1, 0))]
-        if accepted is None:
-            accepted = sum(j * n for j, n in enumerate(h))
+    per_pos = _positions(hist)
+    if accepted is None and per_pos:
+        accepted = sum(per_pos)  # each accepted draft sits at exactly one position
     if accepted is None:
         # Oldest SGLang reports only spec_verify_ct, and its accept length is tokens / verify_ct.
         accepted = max(tokens - verify, 0) if verify else 0
     return verify, accepted, draft_tokens, tokens, per_pos
+
+
+def vllm_spec_metrics(extras: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """vLLM's per-request `metrics.speculative_decoding` (served with --per-request-spec-decode-metrics)."""
+    metrics = extras.get("metrics")
+    sd = metrics.get("speculative_decoding") if isinstance(metrics, Mapping) else None
+    return sd if isinstance(sd, Mapping) and "num_spec_steps" in sd else None
+
+
+def _vllm_request(
+    sd: Mapping[str, Any], completion: int | None
+) -> tuple[int, int, int | None, int, list[int]]:
+    """(drafts, accepted, draft_tokens, tokens, per-position counts) of one vLLM request."""
+    hist = sd.get("acceptance_histogram")
+    if isinstance(hist, Mapping):  # some builds key it by the accepted count as a string
+        hist = [hist.get(str(j), hist.get(j, 0)) for j in range(max((int(k) for k in hist), default=-1) + 1)]
+    return (
+        _int(sd.get("num_spec_steps")) or 0,
+        _int(sd.get("num_accepted_draft_tokens")) or 0,
+        _int(sd.get("num_draft_tokens")),
+        completion or 0,
+        _positions(hist),
+    )
+
+
+def _positions(hist: Any) -> list[int]:
+    """Per-position accepted counts from a histogram where h[j] = steps that accepted exactly j drafts:
+    position i was accepted in sum(h[j] for j > i)."""
+    if not isinstance(hist, Sequence) or isinstance(hist, str):
+        return []
+    h = [_int(x) or 0 for x in hist]
+    return [sum(h[i + 1 :]) for i in range(max(len(h) - 1, 0))]
 
 
 def _add_positions(total: list[int], counts: Sequence[int]) -> None:
@@ -264,28 +294,38 @@ def _add_positions(total: list[int], counts: Sequence[int]) -> None:
         total[i] += n
 
 
+# Per-request sources, best first: (source name, where the fields sit, one request's counts).
+_PER_REQUEST = (
+    ("meta_info:sglang", sglang_meta, _sglang_request),
+    ("metrics:vllm", vllm_spec_metrics, _vllm_request),
+)
+
+
 def request_acceptance(records: Iterable[RequestRecord], window_s: float | None = None) -> Acceptance | None:
-    """Acceptance from per-request extras (SGLang meta_info, else llama.cpp timings), or None."""
+    """Acceptance from per-request extras (SGLang meta_info, vLLM metrics.speculative_decoding, else
+    llama.cpp timings), or None."""
     records = list(records)
-    metas = [(r, m) for r in records if (m := sglang_meta(r.extras)) is not None]
-    if metas:
+    for source, find, count in _PER_REQUEST:
+        found = [(r, m) for r in records if (m := find(r.extras)) is not None]
+        if not found:
+            continue
         drafts = accepted = tokens = 0
         draft_tokens: int | None = 0
         per_pos: list[int] = []
-        for r, m in metas:
-            d, a, dt, t, pp = _sglang_request(m, r.completion_tokens)
+        for r, m in found:
+            d, a, dt, t, pp = count(m, r.completion_tokens)
             drafts, accepted, tokens = drafts + d, accepted + a, tokens + t
             draft_tokens = draft_tokens + dt if draft_tokens is not None and dt is not None else None
             _add_positions(per_pos, pp)
         return make_acceptance(
-            "meta_info:sglang",
+            source,
             drafts=drafts,
             draft_tokens=draft_tokens,
             accepted=accepted,
             tokens=tokens,
             accepted_per_position=per_pos,
             window_s=window_s,
-            requests=len(metas),
+            requests=len(found),
         )
     return _timings_acceptance(records, window_s)
 

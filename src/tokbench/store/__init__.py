@@ -67,6 +67,20 @@ _INSERT_TRIAL = f"INSERT INTO trials ({_TRIAL_COLUMNS}) VALUES ({', '.join('?' *
 CellKey = tuple[str, int, int]  # run_id, concurrency, trial
 
 
+def _enable_wal(conn: sqlite3.Connection, wait_s: float = 30.0) -> None:
+    """Switch to WAL. While another process sets up the same new store, SQLite answers this pragma with
+    'database is locked' at once instead of waiting out the busy timeout, so wait here as it would have."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
 def default_db_path() -> Path:
     """$TOKBENCH_DB, else platformdirs.user_data_dir("tokbench")/tokbench.db."""
     env = os.environ.get(DB_ENV)
@@ -180,7 +194,7 @@ class Store:
             raise StoreError(f"{self.path}: cannot open the results store ({e}); choose another --db") from e
         self._conn.row_factory = sqlite3.Row
         try:
-            self._conn.execute("PRAGMA journal_mode=WAL")
+            _enable_wal(self._conn)
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.execute("PRAGMA foreign_keys=ON")
             migrate(self._conn, str(self.path))

@@ -115,12 +115,15 @@ def migrate(conn: sqlite3.Connection, where: str, target: int = LATEST) -> int:
             "upgrade tokbench, or use another --db"
         )
     for version in range(current + 1, target + 1):
-        # executescript commits first; BEGIN..COMMIT inside makes each step all-or-nothing.
+        # executescript commits first; BEGIN IMMEDIATE..COMMIT inside makes each step all-or-nothing and takes
+        # the write lock up front, so a second process opening the same store waits instead of interleaving.
         try:
             script = MIGRATIONS[version - 1]
-            conn.executescript(f"BEGIN;\n{script}\nPRAGMA user_version = {version};\nCOMMIT;")
+            conn.executescript(f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {version};\nCOMMIT;")
         except sqlite3.Error as e:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
+            if schema_version(conn) >= version:
+                continue  # another process opening the same store applied this step first
             raise StoreError(f"{where}: upgrading the schema to version {version} failed: {e}") from e
     return schema_version(conn)

@@ -66,6 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--spec-accept", default="", help="per-position acceptance, e.g. 0.8,0.6,0.4 (k = count)")
     ap.add_argument("--spec-step-cost", type=float, default=d.spec_step_cost, help="spec step / plain step")
     ap.add_argument("--spec-cost-slope", type=float, default=d.spec_cost_slope)
+    ap.add_argument(
+        "--per-request-spec-decode-metrics",
+        action="store_true",
+        help="vllm personality: metrics.speculative_decoding in each response's last event",
+    )
     ap.add_argument("--timeline-out", default=None, help="write the timeline as JSONL here at exit")
     return ap
 
@@ -97,6 +102,7 @@ def config_from_args(ns: argparse.Namespace) -> ServerConfig:
         spec_accept=parse_accept(ns.spec_accept),
         spec_step_cost=ns.spec_step_cost,
         spec_cost_slope=ns.spec_cost_slope,
+        spec_request_metrics=ns.per_request_spec_decode_metrics,
         timeline_out=ns.timeline_out,
     )
 

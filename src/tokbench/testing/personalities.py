@@ -118,6 +118,8 @@ def final_events(
         # server-task.cpp to_json_oaicompat_chat_stream: `deltas.back()["timings"]`, i.e. the usage chunk when
         # include_usage is set, else the finish chunk.
         out[-1]["timings"] = llamacpp_timings(tr)
+    if cfg.spec_request_metrics:
+        out[-1]["metrics"] = {"speculative_decoding": vllm_spec_metrics(cfg, tr)}
     return out
 
 
@@ -139,7 +141,24 @@ def unary_body(
         body["timings"] = llamacpp_timings(tr, predicted_n=n)
     if cfg.personality == "sglang" and p.return_meta_info:
         body["choices"][0]["meta_info"] = sglang_meta_info(cfg, tr, n, finish_reason)
+    if cfg.spec_request_metrics:
+        body["metrics"] = {"speculative_decoding": vllm_spec_metrics(cfg, tr)}
     return body
+
+
+def vllm_spec_metrics(cfg: ServerConfig, tr: RequestTrace) -> dict[str, Any]:
+    """vLLM's per-request `metrics.speculative_decoding` (summary form; vllm tests/v1/spec_decode):
+    acceptance_histogram[j] = spec steps that accepted exactly j drafts."""
+    steps, accepted, drafted = tr.spec_verify_ct, tr.spec_accepted, tr.spec_draft_tokens
+    return {
+        "mean_acceptance_length": 1 + accepted / steps if steps else 1.0,
+        "draft_acceptance_rate": accepted / drafted if drafted else 0.0,
+        "acceptance_histogram": list(tr.spec_histogram),
+        "num_spec_steps": steps,
+        "num_accepted_draft_tokens": accepted,
+        "num_draft_tokens": drafted,
+        "num_spec_tokens": cfg.spec_k,
+    }
 
 
 # ---- SGLang ------------------------------------------------------------------------------------------------

@@ -56,6 +56,8 @@ class ServerConfig:
     spec_accept: tuple[float, ...] = ()  # per-position conditional acceptance; k = len; () = no speculation
     spec_step_cost: float = 1.0  # one speculative step costs this many plain steps
     spec_cost_slope: float = 0.0  # extra relative spec cost per extra request in the batch (erosion)
+    spec_request_metrics: bool = False  # vllm: `metrics.speculative_decoding` per response, as vLLM's
+    # --per-request-spec-decode-metrics summary adds it to the last event
     # output
     timeline_out: str | None = None  # JSONL of the timeline, written when the server stops
 
@@ -105,6 +107,8 @@ class ServerConfig:
             raise ConfigError(
                 "--fault-rate: the rates add up to more than 1; each request gets at most one fault"
             )
+        if self.spec_request_metrics and self.personality != "vllm":
+            raise ConfigError("--per-request-spec-decode-metrics: only the vllm personality reports them")
         for p in self.spec_accept:
             if not 0 <= p <= 1:
                 raise ConfigError(f"--spec-accept: {p} is not a probability in [0, 1]")

@@ -177,6 +177,35 @@ def test_sglang_meta_info_new_fields_and_histogram() -> None:
     assert acc.mean_accepted_length == pytest.approx(1 + 19 / 20)
 
 
+def test_vllm_per_request_metrics_with_list_or_keyed_histogram() -> None:
+    # vLLM metrics.speculative_decoding: acceptance_histogram[j] = spec steps that accepted exactly j drafts.
+    sd1 = {
+        "num_spec_steps": 10,
+        "num_accepted_draft_tokens": 19,
+        "num_draft_tokens": 30,
+        "acceptance_histogram": [1, 2, 3, 4],
+        "mean_acceptance_length": 2.9,
+    }
+    sd2 = {
+        "num_spec_steps": 10,
+        "num_accepted_draft_tokens": 0,
+        "num_draft_tokens": 30,
+        "acceptance_histogram": {"0": 10},
+    }
+    acc = request_acceptance(
+        [
+            rec(0, tokens=30, extras={"metrics": {"speculative_decoding": sd1}}),
+            rec(1, tokens=11, extras={"metrics": {"speculative_decoding": sd2}}),
+            rec(2, tokens=50, extras={"metrics": {"other": 1}}),  # not speculative data: not counted
+        ]
+    )
+    assert acc is not None and acc.source == "metrics:vllm"
+    assert (acc.drafts, acc.accepted, acc.draft_tokens, acc.tokens, acc.requests) == (20, 19, 60, 41, 2)
+    assert acc.accepted_per_position == (9, 7, 4)
+    assert acc.mean_accepted_length == pytest.approx(1 + 19 / 20)
+    assert acc.acceptance_rate == pytest.approx(19 / 60)
+
+
 def test_sglang_older_and_oldest_meta_info() -> None:
     older = {
         "completion_tokens": 40,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,6 +44,31 @@ def test_every_older_version_upgrades_to_the_same_schema(tmp_path: Path, version
     with Store(tmp_path / "fresh.db"):
         pass
     assert schema(tmp_path / "old.db") == schema(tmp_path / "fresh.db")
+
+
+def _open_at_once(path: str, barrier: Any, errors: Any) -> None:
+    barrier.wait()
+    try:
+        Store(path).close()
+    except StoreError as e:
+        errors.put(str(e))
+
+
+def test_processes_opening_a_new_store_at_once_all_succeed(tmp_path: Path) -> None:
+    # A campaign, a report and a `runs ls` may open the same fresh --db together; all must see one schema.
+    ctx = multiprocessing.get_context("fork")
+    for round_ in range(10):
+        path = str(tmp_path / f"race{round_}.db")
+        barrier, errors = ctx.Barrier(4), ctx.Queue()
+        procs = [ctx.Process(target=_open_at_once, args=(path, barrier, errors)) for _ in range(4)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        assert [p.exitcode for p in procs] == [0] * 4
+        assert errors.empty(), errors.get()
+        with Store(path) as store:
+            assert store.version == LATEST
 
 
 def test_a_v1_store_keeps_its_runs_and_gains_verdicts(tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ def test_accept_parses_and_rejects_non_probabilities() -> None:
         ("die_after", 0, "--die-after"),
         ("faults", {"stall": 0.7, "disconnect": 0.7}, "--fault-rate"),
         ("spec_accept", (0.5, 2.0), "--spec-accept"),
+        ("spec_request_metrics", True, "--per-request-spec-decode-metrics"),
     ],
 )
 def test_invalid_config_names_the_flag(field: str, value: object, flag: str) -> None:
