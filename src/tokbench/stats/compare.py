@@ -16,6 +16,7 @@ import numpy as np
 from tokbench.errors import ConfigError, InsufficientDataError
 from tokbench.records import LevelResult, RequestRecord, RunResult, TrialResult
 from tokbench.stats.bootstrap import bootstrap_ci
+from tokbench.stats.drift import DRIFT_ALPHA, trend
 from tokbench.stats.intervals import ratio_interval
 from tokbench.stats.power import trials_to_decide
 from tokbench.stats.summary import (
@@ -92,6 +93,7 @@ def compare_level(
     fb = [trial_figures(t) for t in b.trials] if b is not None else []
     va, vb = _values(fa, metric), _values(fb, metric)
     warnings = _warnings(concurrency, fa, fb, metric, va, vb)
+    warnings += _drift_warnings(va, vb, metric, margin_pct)
     sa, sb = _summary(va, concurrency, metric), _summary(vb, concurrency, metric)
     paired = paired_deltas(a, b, rng) if a is not None and b is not None else ()
 
@@ -220,6 +222,22 @@ def _warnings(
                 f"unequal work: B generated {mb:.0f} output tokens per trial vs A {ma:.0f} "
                 f"({100 * (mb / ma - 1):+.1f}%); throughput compares different work "
                 "(use --ignore-eos or --min-tokens on both)"
+            )
+    return out
+
+
+def _drift_warnings(va: Sequence[float], vb: Sequence[float], metric: str, margin_pct: float) -> list[str]:
+    """A side whose trials trend (significantly, and by more than the margin) moved during the run: its
+    trials are not draws from one distribution, which the interval assumes."""
+    out = []
+    for side, vals in (("A", va), ("B", vb)):
+        tr = trend(vals)
+        if tr is not None and tr.significant and abs(tr.change_pct) >= margin_pct:
+            out.append(
+                f"{side}: drift, {metric} moved {tr.change_pct:+.1f}% along its {len(vals)} trials "
+                f"(trend significant at {DRIFT_ALPHA:g}): warm-up, throttling or other load "
+                "changed the server during the run; interleaving A and B shares drift between them, "
+                "but the interval widens"
             )
     return out
 
