@@ -65,7 +65,16 @@ def test_interleaved_two_configurations(tmp_path: Path, token: str) -> None:
         stored = {m.label: m for m in store.list_runs()}
         assert set(stored) == {"base", "spec"} and all(m.complete for m in stored.values())
         assert len(store.verdicts()) == 2  # one per level, spec vs base
-    out = tmp_path / "out"
+        out = tmp_path / "out"
+        for name, m in stored.items():
+            # the store holds what the result file holds: the model and load known once the server is up,
+            # and every launch (one per round) rather than the first
+            data = json.loads((out / "results" / f"{name}.json").read_text())
+            kept = store.load_run(m.run_id).meta
+            assert kept.model == data["meta"]["model"] == token
+            assert kept.load == data["meta"]["load"] and kept.load["max_tokens"] == SWEEP["max_tokens"]
+            assert kept.server["launches"] == data["meta"]["server"]["launches"]
+            assert len(kept.server["launches"]) == 2
 
     # results per configuration: every (level, trial) once, nothing failed
     assert set(result.runs) == {"base", "spec"} and not result.failures

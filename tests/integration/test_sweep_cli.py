@@ -18,7 +18,8 @@ from click.testing import CliRunner
 
 from tokbench.cli import main
 from tokbench.errors import ConfigError
-from tokbench.testing import read_jsonl
+from tokbench.records import RequestRecord
+from tokbench.testing import RequestTrace, read_jsonl
 from tokbench.workload import builtin_corpus
 
 SECRET = "sk-tokbench-test-SECRET-42"
@@ -139,6 +140,65 @@ def test_ctrl_c_keeps_finished_records_and_exits_130(tmp_path: Path) -> None:
         stored = store.load_run(meta.run_id)
     assert len(stored.levels[0].trials[0].records) == len(trial["records"])
     assert table_column(stdout, "Ok") == {2: str(kinds.count(None))}
+
+
+def served_whole(t: RequestTrace, r: RequestRecord, slack_ns: int = 20_000_000) -> bool:
+    """The server's trace `t` is the request the client recorded as `r`: accepted after it was sent, its first
+    token within `slack_ns` of the client's (the server stamps a chunk after its write returns, so the client
+    may read it first), its last token sent before the client's end (give or take that slack)."""
+    return (
+        r.sent_ns <= t.accepted_ns
+        and r.first_token_ns is not None
+        and t.first_token_ns is not None
+        and abs(t.first_token_ns - r.first_token_ns) <= slack_ns
+        and t.chunk_ns[-1] <= r.end_ns + slack_ns
+    )
+
+
+def test_sigkill_mid_level_keeps_every_finished_request_in_the_store(tmp_path: Path) -> None:
+    """The real sweep, killed with SIGKILL (no handler runs): each request it had finished is in the store,
+    each stored record is a request the server really served whole, and the run stays incomplete."""
+    db = tmp_path / "tb.db"
+    from tokbench.store import Store
+
+    with reference_server(tmp_path, "--ttft-ms", "2", "--itl-ms", "15") as (url, timeline):
+        args = ["--base-url", url, "-c", "1,4", "--requests", "400", "--max-tokens", "10", "--warmup", "0",
+                "--db", str(db), "--metrics-url", "none"]  # fmt: skip
+        proc = subprocess.Popen([sys.executable, "-m", "tokbench", "sweep", *args], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)  # fmt: skip
+        durable = 0
+        deadline = time.monotonic() + 60
+        try:
+            while time.monotonic() < deadline and durable < 12:  # partway into the first level's 400
+                time.sleep(0.2)
+                if db.exists():
+                    with Store(db) as store:
+                        durable = sum(c.requests for c in store.counts().values())
+            os.kill(proc.pid, signal.SIGKILL)
+            _, stderr = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == -signal.SIGKILL, stderr
+    assert durable >= 12, "the sweep never made a request durable"
+
+    with Store(db) as store:
+        (meta,) = store.list_runs()
+        run = store.load_run(meta.run_id)
+    assert not meta.complete and not run.meta.complete
+    (level,) = run.levels
+    (trial,) = level.trials
+    assert level.concurrency == 1 and trial.interrupted  # the trial in progress comes back marked
+    records = trial.records
+    assert len(records) >= durable and len(records) < 400
+    served = [t for t in read_jsonl(timeline) if t.end_ns is not None and t.completion_tokens == 10]
+    for r in records:
+        assert r.ok and r.output_tokens == 10 and sum(r.chunk_tokens) == 10
+        assert r.first_token_ns is not None
+        # the server served this very request whole (one monotonic clock across the two processes)
+        assert any(served_whole(t, r) for t in served), r
+    assert len({r.sent_ns for r in records}) == len(records)  # no duplicate
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,7 @@ from tokbench.campaign.run import (
     failed_attempts_run,
     redact_argv,
     redact_env,
+    run_meta,
     to_run,
 )
 from tokbench.campaign.schedule import CLOSING_SUFFIX, LaunchPlan, describe, schedule
@@ -234,7 +235,7 @@ def _finish(
                 failed_attempts_run(st, plan, env), out_dir / "results" / f"{name}.failed-attempts.json"
             )
         if store is not None and st.stored_id is not None:
-            store.finish_run(st.stored_id, complete)
+            store.finish_run(st.stored_id, complete, meta=run_meta(st, plan, env, complete))
         outcomes.append(
             Outcome(
                 name=name,

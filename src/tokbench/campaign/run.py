@@ -41,7 +41,7 @@ class RunStore(Protocol):
     def begin_run(self, meta: RunMeta) -> str: ...
     def add_record(self, run_id: str, concurrency: int, trial: int, record: RequestRecord) -> None: ...
     def add_trial(self, run_id: str, trial: TrialResult) -> None: ...
-    def finish_run(self, run_id: str, complete: bool = True) -> None: ...
+    def finish_run(self, run_id: str, complete: bool = True, meta: RunMeta | None = None) -> None: ...
     def add_verdicts(
         self, run_a: str, run_b: str, metric: str, verdicts: Iterable[Mapping[str, Any]]
     ) -> None: ...
@@ -423,7 +423,6 @@ class Runner:
     ) -> ServerProcess | None:
         """Measure queued cells (popping them) on one running server. Returns the server to go on with (a
         restarted one after a crash), or the same one with the queue emptied when this launch must stop."""
-        self._begin_store(state)
         try:
             session = self.session(state, proc)
             s = session.__enter__()
@@ -435,6 +434,7 @@ class Runner:
             queue.clear()
             return proc
         try:
+            self._begin_store(state)  # once the session knows the model and the load
             warm = self.warmup(s)
             while queue:
                 cell, retry = queue[0]

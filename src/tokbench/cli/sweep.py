@@ -220,7 +220,7 @@ def sweep(**kw: Any) -> None:
                 scrape=None if metrics_url.lower() == "none" else scrape,
             )
         if store is not None and run_id is not None:
-            store.finish_run(run_id, complete=run.meta.complete)
+            store.finish_run(run_id, complete=run.meta.complete, meta=run.meta)
     finally:
         if store is not None:
             store.close()

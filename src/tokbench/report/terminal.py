@@ -234,6 +234,12 @@ def calibration_table(rows: Sequence[LevelCalibration], metric: str) -> Table:
         ]
         if detect is not None:
             cells.append(str(r.trials_for_detect) if r.trials_for_detect is not None else ">1000")
-        cells.append("-" if r.drift_pct is None else f"{r.drift_pct:+.2f}")
+        drift = "-" if r.drift_pct is None else f"{r.drift_pct:+.2f}"
+        cells.append(drift + (" !" if r.drift_significant else ""))
         table.add_row(*cells)
+    if any(r.drift_significant for r in rows):
+        table.caption = (
+            "! a significant trend across the trials (t test on the slope, alpha 0.01): the server was not "
+            "steady, and the CV holds that trend as well as the noise"
+        )
     return table

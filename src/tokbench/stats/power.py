@@ -15,6 +15,7 @@ import numpy as np
 
 from tokbench.errors import InsufficientDataError
 from tokbench.records import LevelResult, RunResult
+from tokbench.stats.drift import trend
 from tokbench.stats.intervals import chi2_quantile, normal_cdf, t_quantile, t_quantiles
 from tokbench.stats.summary import metric_values
 
@@ -135,7 +136,8 @@ class LevelCalibration:
     mde_pct: float | None  # smallest change K trials per side detect at 80% power, alpha 0.05
     detect_pct: float | None  # the change asked about (--detect)
     trials_for_detect: int | None  # trials per side for that change; None: more than MAX_TRIALS
-    drift_pct: float | None  # mean of the later half of trials vs the earlier half (order of execution)
+    drift_pct: float | None  # fitted trend over the trials in execution order, first to last (stats.drift)
+    drift_significant: bool = False  # that trend passes the drift test: the CV holds a trend, not only noise
 
 
 def calibrate(
@@ -156,10 +158,7 @@ def calibrate(
         sd = float(arr.std(ddof=1))
         cv = sd / mean if mean > 0 else math.inf
         cv_upper = cv * math.sqrt((k - 1) / chi2_quantile(0.05, k - 1)) if mean > 0 else None
-        drift = None
-        if k >= 4 and mean > 0:
-            half = k // 2
-            drift = 100 * (float(arr[k - half :].mean()) / float(arr[:half].mean()) - 1)
+        drift = trend(arr)
         out.append(
             LevelCalibration(
                 concurrency=level.concurrency,
@@ -175,7 +174,8 @@ def calibrate(
                     if detect_pct is not None and math.isfinite(cv)
                     else None
                 ),
-                drift_pct=drift,
+                drift_pct=drift.change_pct if drift is not None else None,
+                drift_significant=drift is not None and drift.significant,
             )
         )
     if not out:

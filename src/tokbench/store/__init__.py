@@ -331,15 +331,33 @@ class Store:
                     raise self._fail("add_trial", e) from e
                 raise
 
-    def finish_run(self, run_id: str, complete: bool = True) -> None:
-        """Mark the run complete (or explicitly incomplete, e.g. after Ctrl-C)."""
+    def finish_run(self, run_id: str, complete: bool = True, meta: RunMeta | None = None) -> None:
+        """Mark the run complete (or explicitly incomplete, e.g. after Ctrl-C). With `meta`, its metadata and
+        configurations replace those `begin_run` saw: a campaign learns the model and the resolved server
+        configuration only once the server is up."""
         with self._lock:
             try:
+                self._conn.execute("BEGIN")
                 cur = self._conn.execute(
                     "UPDATE runs SET complete = ? WHERE run_id = ?", (int(complete), run_id)
                 )
-            except sqlite3.Error as e:
-                raise self._fail("finish_run", e) from e
+                if cur.rowcount and meta is not None:
+                    body = {name: getattr(meta, name) for name in _META_FIELDS}
+                    body["run_id"] = run_id
+                    self._conn.execute(
+                        "UPDATE runs SET label = ?, meta = ? WHERE run_id = ?",
+                        (meta.label, _json(body), run_id),
+                    )
+                    self._conn.executemany(
+                        "INSERT OR REPLACE INTO configs (run_id, kind, body) VALUES (?, ?, ?)",
+                        [(run_id, kind, _json(dict(getattr(meta, kind)))) for kind in _CONFIG_KINDS],
+                    )
+                self._conn.execute("COMMIT")
+            except BaseException as e:
+                self._conn.execute("ROLLBACK")
+                if isinstance(e, sqlite3.Error):
+                    raise self._fail("finish_run", e) from e
+                raise
             if cur.rowcount == 0:
                 raise StoreError(f"finish_run: unknown run {run_id!r}")
 

@@ -7,6 +7,7 @@ import pytest
 
 from tokbench.errors import InsufficientDataError
 from tokbench.records import LevelResult, RunMeta, RunResult, TrialResult
+from tokbench.report.terminal import calibration_table
 from tokbench.stats.power import (
     calibrate,
     decide_probability,
@@ -39,12 +40,20 @@ def test_calibration_reports_cv_mde_and_trials_for_a_change() -> None:
     # Expected interval half-width: t(0.975, 8 df) * cv * sqrt(2/5), on the log scale.
     assert row.half_width_pct == pytest.approx(100 * np.expm1(2.306004135 * cv * np.sqrt(2 / 5)))
     assert row.trials_for_detect == trials_for_change(3.0, cv)
-    assert row.drift_pct == pytest.approx(100 * (np.mean(values[-2:]) / np.mean(values[:2]) - 1))
+    # Trend of log(value) over trial order, first to last: the least-squares slope times 4 steps.
+    slope = np.polyfit(np.arange(5), np.log(values), 1)[0]
+    assert row.drift_pct == pytest.approx(100 * np.expm1(4 * slope))
+    assert not row.drift_significant
 
 
 def test_calibration_sees_drift_across_the_run() -> None:
-    (row,) = calibrate(_aa_run({1: [100.0, 101.0, 102.0, 103.0, 104.0, 105.0]}))
-    assert row.drift_pct is not None and row.drift_pct > 2.5
+    rng = np.random.default_rng(3)
+    steady_slide = [100.0 * (1 + 0.01 * k) * (1 + 0.002 * rng.standard_normal()) for k in range(6)]
+    (row,) = calibrate(_aa_run({1: steady_slide}))
+    assert row.drift_pct is not None and 4.0 < row.drift_pct < 6.0
+    assert row.drift_significant
+    table = calibration_table([row], "agg_tok_s")
+    assert table.caption is not None and "significant trend" in str(table.caption)
 
 
 def test_calibration_needs_two_trials() -> None:
