@@ -302,7 +302,7 @@ def _spec_accounting(o: Outcome, base_run: RunResult, diagnose_fn: SpecDiagnose)
             base_run,
             o.run,
             verdicts={v.concurrency: v.verdict for v in o.verdicts},
-            config_diff=[(d.key, json_safe(d.a), json_safe(d.b)) for d in o.diff],
+            config_diff=[(d.key, json_safe(d.a), json_safe(d.b), d.expected) for d in o.diff],
         )
     except Exception as e:  # the accounting is optional; a bug there must not lose a campaign's results
         o.spec_error = f"{type(e).__name__}: {e}"

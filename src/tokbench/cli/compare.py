@@ -89,6 +89,8 @@ def compare(a: str, b: str, metric: str, margin: float, as_json: bool, db: str |
     _record_verdicts(a, b, run_a, run_b, metric, dicts, db)
     if as_json:
         click.echo(json.dumps(dicts, indent=2))
+        for line in run_warnings(run_a, run_b):  # stdout stays one JSON document
+            click.echo(line, err=True)
         return
     console = _console()
     console.print(verdict_table(verdicts, _label(run_a, a), _label(run_b, b)))
@@ -164,17 +166,28 @@ def _progress(console: Console) -> Any:
 @click.option(
     "--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="write the A/A run"
 )
+@click.option(
+    "--margin",
+    type=float,
+    default=2.0,
+    show_default=True,
+    help="the equivalence margin in % you will compare with: changes inside it are no_difference",
+)
 @click.option("--label", default="calibration", show_default=True)
 @click.option(
     "--db", type=click.Path(dir_okay=False), default=None, help="results store (for --from run ids)"
 )
 def calibrate_cmd(base_url: str | None, from_run: str | None, levels: str, trials: int, detect: float | None,
-                  metric: str, model: str | None, api: str, requests: int | None, max_tokens: int,
-                  api_key_env: str | None, out: Path | None, label: str, db: str | None) -> None:  # fmt: skip
+                  margin: float, metric: str, model: str | None, api: str, requests: int | None,
+                  max_tokens: int, api_key_env: str | None, out: Path | None, label: str,
+                  db: str | None) -> None:  # fmt: skip
     """Noise floor per level from an A/A run against one unchanged server, the smallest change K trials per
-    side can detect (80% power, alpha 0.05), and with --detect the trials per side a given change needs."""
+    side can detect (80% power, alpha 0.05, compare's rule with --margin), and with --detect the trials per
+    side a given change needs."""
     if (base_url is None) == (from_run is None):
         raise ConfigError("calibrate: give either --base-url (measure now) or --from (an earlier A/A run)")
+    if not 0 <= margin < 100:
+        raise ConfigError(f"--margin: {margin} is not a margin in % between 0 and 100, e.g. 2")
     if detect is not None and not 0 < detect < 100:
         raise ConfigError(f"--detect: {detect} is not a change in % between 0 and 100, e.g. 3")
     console = Console(stderr=True)
@@ -203,7 +216,7 @@ def calibrate_cmd(base_url: str | None, from_run: str | None, levels: str, trial
 
             write_result_json(run, out)
             console.print(f"wrote {out}", markup=False)
-    rows = calibrate(run, metric, detect)
+    rows = calibrate(run, metric, detect, margin)
     _console().print(calibration_table(rows, metric))
     if from_run is None and not run.meta.complete:
         click.echo(

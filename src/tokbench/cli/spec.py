@@ -353,11 +353,11 @@ def spec_model_command(
 COMMANDS: list[click.Command] = [spec_command, spec_model_command]
 
 
-def resolved_diff(base: RunResult, spec: RunResult) -> list[tuple[str, Any, Any]] | None:
+def resolved_diff(base: RunResult, spec: RunResult) -> list[tuple[str, Any, Any, bool]] | None:
     """The resolved-configuration diff the campaign computes, from what each run recorded of its server."""
     a, b = base.meta.server, spec.meta.server
     ra, rb = a.get("resolved"), b.get("resolved")
     if not ra or not rb:
         return None
     flags = changed_flags(a.get("argv") or (), b.get("argv") or (), a.get("env"), b.get("env"))
-    return [(d.key, json_safe(d.a), json_safe(d.b)) for d in config_diff(ra, rb, flags)]
+    return [(d.key, json_safe(d.a), json_safe(d.b), d.expected) for d in config_diff(ra, rb, flags)]

@@ -216,7 +216,8 @@ def verdict_notes(verdicts: Sequence[LevelVerdict]) -> list[str]:
 def calibration_table(rows: Sequence[LevelCalibration], metric: str) -> Table:
     """Noise floor per level from an A/A run and what K trials per side can detect (80% power, alpha 0.05)."""
     detect = next((r.detect_pct for r in rows if r.detect_pct is not None), None)
-    table = Table(title=f"A/A calibration of {metric}", box=box.SIMPLE_HEAD)
+    margin = rows[0].margin_pct if rows else 0.0
+    table = Table(title=f"A/A calibration of {metric} (compare margin ±{margin:g}%)", box=box.SIMPLE_HEAD)
     for name in ("C", "Trials", "Mean", "CV %", "CV 95% upper %", "A/B CI ±% at K", "MDE % at K"):
         table.add_column(name, justify="right")
     if detect is not None:
@@ -233,7 +234,10 @@ def calibration_table(rows: Sequence[LevelCalibration], metric: str) -> Table:
             _fmt(r.mde_pct, 2),
         ]
         if detect is not None:
-            cells.append(str(r.trials_for_detect) if r.trials_for_detect is not None else ">1000")
+            if r.trials_for_detect is not None:
+                cells.append(str(r.trials_for_detect))
+            else:  # a change inside the margin is no_difference however many trials
+                cells.append("never" if detect is not None and detect <= r.margin_pct else ">1000")
         drift = "-" if r.drift_pct is None else f"{r.drift_pct:+.2f}"
         cells.append(drift + (" !" if r.drift_significant else ""))
         table.add_row(*cells)

@@ -89,11 +89,16 @@ def _assert_source(lines: list[str], at: int) -> str | None:
 
 
 _USAGE = re.compile(r"^\s*usage:", re.I)
+# Who printed the line, as multi-process engines prefix it: vLLM `(APIServer pid=7) ` or
+# `(EngineCore_DP0 pid=9) `, torch.distributed `[rank0]: `. Dropped before matching, so an exception reads
+# as it would unprefixed.
+_PROCESS_PREFIX = re.compile(r"^(?:\((?:[\w .-]+ )?pid=\d+\)\s?|\[rank\d+\]:\s?)+")
 
 
 def root_cause(lines: list[str]) -> tuple[str | None, str | None]:
     """(line, label) of the last line that any rule matches, scanning from the end. A command-line parser
     prints its usage text after the error (llama-server, argparse), so matches inside it do not count."""
+    lines = [_PROCESS_PREFIX.sub("", ln) for ln in lines]
     usage = next((i for i in range(len(lines) - 1, -1, -1) if _USAGE.match(lines[i])), None)
     if usage is not None:
         cause = _scan(lines, usage)

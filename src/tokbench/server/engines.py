@@ -253,13 +253,35 @@ def _flag_key(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_").lower()
 
 
+# llama.cpp's short flags and the settings /props and /slots report for them.
+_SHORT_FLAG_SETTINGS: dict[str, tuple[str, ...]] = {
+    "c": ("ctx_size", "n_ctx"),
+    "np": ("parallel", "n_parallel", "total_slots"),
+    "b": ("batch_size", "n_batch"),
+    "ub": ("ubatch_size", "n_ubatch"),
+    "t": ("threads", "n_threads"),
+    "ngl": ("n_gpu_layers", "gpu_layers"),
+    "md": ("model_draft", "draft_model", "model_path_draft"),
+    "m": ("model", "model_path"),
+}
+
+
 def _explained(key: str, flags: Sequence[str]) -> bool:
+    """A changed flag explains a setting named like it: the same name, a name containing it, or one of its
+    family (`--speculative-num-steps` explains `speculative_eagle_topk`). Short flags (`-c`, `-np`) only
+    explain a setting of exactly their name: as substrings they would explain almost anything."""
     parts = [p for p in re.split(r"[.\[\]]", key.lower()) if p and not p.isdigit()]
     for flag in flags:
         name = _flag_key(flag)
+        if any(part in _SHORT_FLAG_SETTINGS.get(name, ()) for part in parts):
+            return True
         family = name.split("_", 1)[0]
         for part in parts:
-            if part == name or name in part or (len(family) >= 4 and part.startswith(family)):
+            if (
+                part == name
+                or (len(name) >= 4 and name in part)
+                or (len(family) >= 4 and part.startswith(family))
+            ):
                 return True
     return False
 

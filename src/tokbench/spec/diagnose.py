@@ -329,11 +329,12 @@ def diagnose(
     *,
     trial_throughput: Callable[[TrialResult], float | None] = agg_tok_s,
     verdicts: Mapping[int, str] | None = None,
-    config_diff: Sequence[tuple[str, Any, Any]] | None = None,
+    config_diff: Sequence[tuple[str, Any, Any, bool]] | None = None,
 ) -> list[LevelDiagnosis]:
     """Diagnose every level of `spec_run` against `baseline`. Pass the statistics' per-trial throughput and
-    verdicts to make the figures match `tokbench compare`; pass the (key, baseline, spec) diff of resolved
-    configurations (server.engines.config_diff, which owns what counts as volatile) for the drift check."""
+    verdicts to make the figures match `tokbench compare`; pass the (key, baseline, spec, explained) diff of
+    resolved configurations (server.engines.config_diff, which owns what counts as volatile and what a changed
+    flag explains) for the drift check."""
     inputs = []
     for lv in spec_run.levels:
         c = lv.concurrency
@@ -348,11 +349,7 @@ def diagnose(
                 baseline_acceptance=level_acceptance(base_lv) if base_lv is not None else None,
             )
         )
-    changes = (
-        classify_changes(config_diff, changed_flags(baseline.meta.server, spec_run.meta.server))
-        if config_diff is not None
-        else []
-    )
+    changes = classify_changes(config_diff) if config_diff is not None else []
     return diagnose_levels(inputs, changes)
 
 
@@ -364,44 +361,9 @@ _SPEC_KEY = re.compile(
 )
 
 
-def _flag_values(argv: Iterable[Any]) -> dict[str, str]:
-    flags: dict[str, str] = {}
-    tokens = [str(a) for a in argv]
-    for i, tok in enumerate(tokens):
-        if tok.startswith("-") and len(tok) > 1 and not _is_number(tok):
-            name, eq, val = tok.partition("=")
-            if not eq:
-                nxt = tokens[i + 1] if i + 1 < len(tokens) else ""
-                val = nxt if nxt and (not nxt.startswith("-") or _is_number(nxt)) else "true"
-            flags[name.lstrip("-").replace("-", "_").lower()] = val
-    return flags
-
-
-def _is_number(s: str) -> bool:
-    try:
-        float(s)
-    except ValueError:
-        return False
-    return True
-
-
-def changed_flags(a: Mapping[str, Any], b: Mapping[str, Any]) -> set[str]:
-    """Flag and environment names (normalized: no dashes, underscores, lower case) that differ between two
-    launches: the changes someone made on purpose."""
-    fa, fb = _flag_values(a.get("argv") or ()), _flag_values(b.get("argv") or ())
-    names = {k for k in fa.keys() | fb.keys() if fa.get(k) != fb.get(k)}
-    ea, eb = a.get("env") or {}, b.get("env") or {}
-    if isinstance(ea, Mapping) and isinstance(eb, Mapping):
-        names |= {str(k).lower() for k in ea.keys() | eb.keys() if ea.get(k) != eb.get(k)}
-    return names
-
-
-def classify_changes(diff: Iterable[tuple[str, Any, Any]], flags: Iterable[str] = ()) -> list[ConfigChange]:
-    """Mark speculative settings and purposely changed flags as expected."""
-    flags = set(flags)
-    out = []
-    for key, va, vb in diff:
-        last = key.rsplit(".", 1)[-1].replace("-", "_").lower()
-        expected = bool(_SPEC_KEY.search(key)) or last in flags
-        out.append(ConfigChange(key, va, vb, expected))
-    return out
+def classify_changes(diff: Iterable[tuple[str, Any, Any, bool]]) -> list[ConfigChange]:
+    """(key, baseline, spec, explained by a flag the plan changed) -> changes; speculative settings are
+    expected whatever the flags (the engine fills some in, e.g. SGLang's num_draft_tokens)."""
+    return [
+        ConfigChange(key, va, vb, explained or bool(_SPEC_KEY.search(key))) for key, va, vb, explained in diff
+    ]

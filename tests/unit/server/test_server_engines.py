@@ -82,6 +82,16 @@ def test_silent_backend_switch_is_flagged_as_unexplained() -> None:
     assert str(diffs["server_info.page_size"]) == "server_info.page_size: 64 → 1"
 
 
+def test_short_flags_explain_their_own_settings_only() -> None:
+    # llama-server -c 4096 -> 8192 changes n_ctx; as a substring "c" would also have excused attention_backend
+    a = {"props": {"n_ctx": 4096, "attention_backend": "cpu", "cache_type_k": "f16"}}
+    b = {"props": {"n_ctx": 8192, "attention_backend": "blas", "cache_type_k": "q8_0"}}
+    flags = changed_flags(["llama-server", "-c", "4096"], ["llama-server", "-c", "8192"])
+    assert flags == ["-c"]
+    diffs = {d.key: d.expected for d in config_diff(a, b, flags)}
+    assert diffs == {"props.n_ctx": True, "props.attention_backend": False, "props.cache_type_k": False}
+
+
 def test_identical_configurations_have_no_diff() -> None:
     assert config_diff(server_info(), server_info(port=1, random_seed=2), []) == []
 

@@ -216,6 +216,19 @@ def test_plain_configurations_pass() -> None:
     )
 
 
+def test_draft_tree_rules_apply_to_the_eagle_family_only() -> None:
+    # SGLang runs its topk / num_steps / tree-backend checks in the EAGLE branch (NEXTN becomes EAGLE first);
+    # NGRAM has its own, where --speculative-num-draft-tokens without --speculative-num-steps is normal
+    ngram = [*SGL, "--speculative-algorithm", "NGRAM", "--speculative-num-draft-tokens", "8"]
+    assert ids(spec("sglang", ngram)) == []
+    assert (
+        ids(spec("sglang", [*ngram, "--speculative-eagle-topk", "4", "--attention-backend", "trtllm_mha"]))
+        == []
+    )
+    nextn = [*SGL, "--speculative-algorithm", "NEXTN", "--speculative-num-draft-tokens", "8"]
+    assert ids(spec("sglang", nextn)) == ["sglang-topk-without-steps"]
+
+
 def test_spec_v2_only_when_the_environment_enables_it() -> None:
     argv = [*SGL, *EAGLE, "--speculative-eagle-topk", "4"]
     assert ids(spec("sglang", argv, {"SGLANG_ENABLE_SPEC_V2": "0"})) == []

@@ -47,7 +47,8 @@ def test_import_the_seed_tables_then_compare(tmp_path: Path) -> None:
         main, ["compare", str(tmp_path / "base.result.json"), str(tmp_path / "nextn.json"), "--json"]
     )
     assert r.exit_code == 0, r.output
-    verdicts = json.loads(r.output)
+    verdicts = json.loads(r.stdout)
+    assert "A (baseline) is an imported summary table" in r.stderr  # run warnings beside the JSON, not in it
     assert [v["concurrency"] for v in verdicts] == [1, 4, 16, 32]
     assert {v["verdict"] for v in verdicts} == {"insufficient_data"}
     assert round(verdicts[2]["delta_pct"], 1) == 2.4
@@ -66,8 +67,8 @@ def test_compare_prints_verdicts_for_result_files(tmp_path: Path) -> None:
     assert "B new vs A base" in r.output
     r = CliRunner().invoke(main, ["compare", str(pa), str(pb), "--metric", "e2e_p50", "--json"])
     assert r.exit_code == 0, r.output
-    assert [v["verdict"] for v in json.loads(r.output)] == ["faster", "faster"]
-    assert all(v["delta_pct"] < 0 for v in json.loads(r.output))
+    assert [v["verdict"] for v in json.loads(r.stdout)] == ["faster", "faster"]
+    assert all(v["delta_pct"] < 0 for v in json.loads(r.stdout))
 
 
 def test_compare_errors_name_the_problem(tmp_path: Path) -> None:
@@ -83,8 +84,13 @@ def test_calibrate_from_an_earlier_aa_run(tmp_path: Path) -> None:
     r = CliRunner().invoke(main, ["calibrate", "--from", str(pa), "--detect", "3"])
     assert r.exit_code == 0, r.output
     assert "A/A calibration of agg_tok_s" in r.output and "K for 3%" in r.output
+    r = CliRunner().invoke(main, ["calibrate", "--from", str(pa), "--detect", "0.5", "--margin", "5"])
+    assert r.exit_code == 0, r.output
+    assert "(compare margin ±5%)" in r.output and "never" in r.output  # 0.5% inside ±5%: no_difference
     r = CliRunner().invoke(main, ["calibrate"])
     assert r.exit_code == 2 and "--base-url" in r.output
+    r = CliRunner().invoke(main, ["calibrate", "--from", str(pa), "--margin", "-1"])
+    assert r.exit_code == 2 and "--margin" in r.output
 
 
 def test_import_without_a_table_is_a_config_error(tmp_path: Path) -> None:
@@ -104,7 +110,7 @@ def test_compare_run_ids_from_the_store_records_the_verdicts(tmp_path: Path) -> 
         id_a, id_b = store.save_run(a), store.save_run(b)
     r = CliRunner().invoke(main, ["compare", id_a, id_b, "--db", str(db), "--json"])
     assert r.exit_code == 0, r.output
-    assert [v["verdict"] for v in json.loads(r.output)] == ["faster"]
+    assert [v["verdict"] for v in json.loads(r.stdout)] == ["faster"]
     with Store(db) as store:
         saved = store.verdicts()
     assert [(v["concurrency"], v["verdict"], v["metric"]) for v in saved] == [(4, "faster", "agg_tok_s")]

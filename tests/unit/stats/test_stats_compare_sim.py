@@ -81,6 +81,33 @@ def test_mde_is_detected_about_80_percent_of_the_time() -> None:
     assert trials_for_change(mde, cv) == k
 
 
+def test_mde_under_a_margin_is_what_compare_calls_faster_80_percent_of_the_time() -> None:
+    # Low noise, default margin: a change must also reach past the margin, or compare says no_difference. The
+    # margin-aware MDE is found ~80% of the time; the margin-free one (interval excludes zero) far less.
+    rng = np.random.default_rng(22)
+    cv, k, margin = 0.005, 5, 2.0
+    mde, bare = mde_pct(cv, k, margin_pct=margin), mde_pct(cv, k)
+    assert mde is not None and bare is not None and mde > bare
+
+    def found(change: float, trials: int = k) -> float:
+        n = 2000
+        words = [
+            decide(
+                _trials(rng, trials, cv), _trials(rng, trials, cv, 1 + change / 100), margin_pct=margin
+            ).verdict
+            for _ in range(n)
+        ]
+        return words.count("faster") / n
+
+    assert 0.72 <= found(mde) <= 0.88
+    assert found(bare) < 0.5
+    # Under a margin, power is not monotone in K (a narrow interval turns into no_difference): the fewest
+    # trials that reach 80% for this change may be fewer than K, and they do reach it.
+    fewest = trials_for_change(mde, cv, margin_pct=margin)
+    assert fewest is not None and fewest <= k and found(mde, fewest) >= 0.75
+    assert trials_for_change(1.0, cv, margin_pct=margin) is None  # no K makes 1% more than no_difference
+
+
 def _cv(x: np.ndarray) -> float:
     return float(np.std(x, ddof=1) / np.mean(x))
 

@@ -36,10 +36,10 @@ def test_calibration_reports_cv_mde_and_trials_for_a_change() -> None:
     assert row.mean == pytest.approx(100.0)
     assert row.cv_pct == pytest.approx(100 * cv)
     assert row.cv_upper_pct is not None and row.cv_upper_pct > row.cv_pct
-    assert row.mde_pct == pytest.approx(mde_pct(cv, 5))
+    assert row.mde_pct == pytest.approx(mde_pct(cv, 5, margin_pct=2.0))
     # Expected interval half-width: t(0.975, 8 df) * cv * sqrt(2/5), on the log scale.
     assert row.half_width_pct == pytest.approx(100 * np.expm1(2.306004135 * cv * np.sqrt(2 / 5)))
-    assert row.trials_for_detect == trials_for_change(3.0, cv)
+    assert row.trials_for_detect == trials_for_change(3.0, cv, margin_pct=2.0)
     # Trend of log(value) over trial order, first to last: the least-squares slope times 4 steps.
     slope = np.polyfit(np.arange(5), np.log(values), 1)[0]
     assert row.drift_pct == pytest.approx(100 * np.expm1(4 * slope))
