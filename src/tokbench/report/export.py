@@ -24,12 +24,11 @@ import numpy as np
 
 from tokbench.errors import InsufficientDataError, StoreError
 from tokbench.records import RequestRecord, RunResult, TrialResult, run_to_dict
-from tokbench.stats.summary import level_summary, trial_figures
+from tokbench.stats.summary import METRICS, metric_value, summarize, trial_figures
 from tokbench.store.files import read_result_file
 
-# Level summaries written beside the trials; the bootstrap CI is seeded so the same run writes the same file.
-SUMMARY_METRICS = ("agg_tok_s", "per_req_tok_s")
-_SUMMARY_SEED = 0
+# Each level's summary (mean over trials with its 95% t interval) of every figure compare can judge.
+SUMMARY_METRICS = tuple(METRICS)
 _TRIAL_FIELDS = frozenset(f.name for f in dataclasses.fields(TrialResult))
 
 
@@ -55,17 +54,18 @@ def result_to_json(run: RunResult) -> dict[str, Any]:
     per_req_tok_s, tokens, wall_s, ok, errors, percentiles ...) and each level a `summary` per metric."""
     d = run_to_dict(run)
     for lv_dict, lv in zip(d["levels"], run.levels, strict=True):
-        for t_dict, t in zip(lv_dict["trials"], lv.trials, strict=True):
-            figures = jsonable(trial_figures(t))
+        level_figures = [trial_figures(t) for t in lv.trials]
+        for t_dict, figures in zip(lv_dict["trials"], level_figures, strict=True):
             # A figure never overwrites a recorded field of the same name: reading the file back must give the
             # trial that was measured, not a recomputation.
-            t_dict.update({k: v for k, v in figures.items() if k not in _TRIAL_FIELDS})
+            t_dict.update({k: v for k, v in jsonable(figures).items() if k not in _TRIAL_FIELDS})
         summary: dict[str, Any] = {}
         for metric in SUMMARY_METRICS:
+            values = [
+                v for f in level_figures if (v := metric_value(f, metric)) is not None and math.isfinite(v)
+            ]
             try:
-                summary[metric] = jsonable(
-                    level_summary(lv, metric, rng=np.random.default_rng(_SUMMARY_SEED))
-                )
+                summary[metric] = jsonable(summarize(values, lv.concurrency, metric))
             except InsufficientDataError:
                 summary[metric] = None
         lv_dict["summary"] = summary

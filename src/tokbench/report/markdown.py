@@ -15,6 +15,7 @@ from typing import Any
 
 from tokbench.errors import InsufficientDataError
 from tokbench.records import LevelResult, RunResult
+from tokbench.server.engines import VOLATILE
 from tokbench.spec.scrape import Acceptance, level_acceptance
 from tokbench.stats.compare import LevelVerdict
 from tokbench.stats.summary import METRICS, LevelSummary, TrialFigures, summarize, trial_figures
@@ -272,11 +273,31 @@ def show_value(v: Any, limit: int = _DIFF_VALUE_MAX) -> str:
 _MISSING = object()
 
 
+# Facts of one launch or one run, not configuration: every pair of runs differs in them.
+_NOT_CONFIG = ("server.name", "server.launches", "server.failed_attempts", "load.label", "load.base_url")
+
+
+def _is_config(key: str) -> bool:
+    if key.startswith(_NOT_CONFIG):
+        return False
+    # Ports, seeds, clocks and live counters in the resolved configuration: the campaign skips them too.
+    return not (key.startswith("server.resolved.") and VOLATILE.search(key[len("server.resolved.") :]))
+
+
 def diff_configs(runs: Sequence[RunResult]) -> list[tuple[str, list[str]]]:
     """Keys of the resolved server configuration and the load settings whose values differ between runs, with
-    each run's value ('-' where a run lacks the key)."""
+    each run's value ('-' where a run lacks the key). Per-launch facts (ports, seeds, live counters) are not
+    configuration and are left out."""
     flat = [
-        {**flatten(r.meta.server, "server."), **flatten(r.meta.load, "load."), "model": r.meta.model}
+        {
+            k: v
+            for k, v in {
+                **flatten(r.meta.server, "server."),
+                **flatten(r.meta.load, "load."),
+                "model": r.meta.model,
+            }.items()
+            if _is_config(k)
+        }
         for r in runs
     ]
     keys = sorted(set().union(*flat)) if flat else []

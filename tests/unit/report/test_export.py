@@ -23,6 +23,7 @@ from tokbench.report.export import (
     to_vllm_bench_json,
     write_result_json,
 )
+from tokbench.stats.summary import METRICS
 
 
 def test_stable_keys_hold_the_seed_figures_computed_from_records() -> None:
@@ -45,6 +46,11 @@ def test_stable_keys_hold_the_seed_figures_computed_from_records() -> None:
         summary = lv_dict["summary"]["agg_tok_s"]
         assert summary["n_trials"] == 2
         assert summary["mean"] == pytest.approx(sum(t["agg_tok_s"] for t in lv_dict["trials"]) / 2)
+        # every figure compare judges has its summary, the mean of the trials' own values
+        assert set(lv_dict["summary"]) == set(METRICS)
+        ttft = lv_dict["summary"]["ttft_p50"]
+        assert ttft["mean"] == pytest.approx(sum(t["ttft_ms"]["p50"] for t in lv_dict["trials"]) / 2)
+        assert ttft["ci_low"] <= ttft["mean"] <= ttft["ci_high"]
     json.dumps(d, allow_nan=False)  # plain JSON: no NaN, no numpy types
 
 

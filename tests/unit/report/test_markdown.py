@@ -118,6 +118,24 @@ def test_config_diff_lists_only_what_differs() -> None:
     same = markdown_report([base, replace(spec, meta=replace(spec.meta, server=base.meta.server))])
     assert "Resolved server configuration and load settings are identical." in same
 
+    # Per-launch facts are not configuration: a new port, seed, media marker or launch list is no difference,
+    # a changed resolved setting is
+    def launched(port: int, marker: str, n_ctx: int) -> dict[str, object]:
+        return {**base.meta.server, "name": f"cfg{port}", "launches": [{"base_url": f"http://h:{port}"}],
+                "resolved": {"props": {"media_marker": marker, "n_ctx": n_ctx}, "port": port}}  # fmt: skip
+
+    a = replace(
+        base, meta=replace(base.meta, server=launched(1, "<m1>", 4096), load={"label": "a", "seed": 1})
+    )
+    b = replace(
+        base, meta=replace(base.meta, server=launched(2, "<m2>", 8192), load={"label": "b", "seed": 2})
+    )
+    diff = markdown_report([a, b])
+    diff = diff[diff.index("### Configuration differences") :]
+    assert "server.resolved.props.n_ctx" in diff and "load.seed" in diff
+    for fact in ("media_marker", "server.resolved.port", "launches", "server.name", "load.label"):
+        assert fact not in diff, fact
+
 
 def test_table_cells_cannot_break_the_table() -> None:
     base, spec = two_runs()
