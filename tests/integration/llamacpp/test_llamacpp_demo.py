@@ -37,6 +37,13 @@ def test_demo_prints_tables_verdicts_accounting_and_report(demo_out: tuple[Path,
         assert name in stdout
         assert (out / "results" / f"{name}.json").is_file()
     assert stdout.count("Agg tok/s") >= 3, "one seed table per configuration"
+    # a verdict table per tested configuration against the baseline; the same-model draft is slower at every
+    # level by 35-45% on two cores, far beyond noise
+    assert stdout.count("B ngram vs A baseline") == 1
+    assert stdout.count("B draft-same-model vs A baseline") == 1
+    draft_table = stdout[stdout.index("B draft-same-model vs A baseline") :].splitlines()[1:10]
+    rows = {cells[0]: cells for ln in draft_table if (cells := ln.split()) and cells[0] in ("1", "2", "4")}
+    assert sorted(rows) == ["1", "2", "4"] and all("slower" in cells for cells in rows.values()), rows
     assert "Speculative accounting" in stdout
     assert "step cost" in stdout
     assert "demo finished in" in stdout
