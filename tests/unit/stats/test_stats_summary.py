@@ -96,6 +96,16 @@ def test_chunks_of_one_socket_read_count_as_one_delivery() -> None:
     values = itl_values(r) / MS
     assert values.size == 6  # the two tokens of the first read belong to TTFT
     assert np.allclose(values, 10.0)
+    # ... or in separate reads a fraction of a millisecond apart: still one step's delivery, not gaps of ~0
+    near = (50.0, 50.2, 80.0, 80.1, 80.35, 110.0, 110.05, 110.4)
+    r = dataclasses.replace(r, chunk_ns=tuple(int(s * MS) for s in near))
+    values = itl_values(r) / MS
+    assert values.size == 6 and np.allclose(values, 10.0, atol=0.1)
+    # gaps of a millisecond and more are steps of their own
+    apart = (50.0, 51.0, 52.0)
+    r = dataclasses.replace(record(0, 0, tokens=3), chunk_ns=tuple(int(s * MS) for s in apart),
+                            chunk_tokens=(1, 1, 1), completion_tokens=3)  # fmt: skip
+    assert np.allclose(itl_values(r) / MS, [1.0, 1.0])
 
 
 def test_usage_surplus_is_spread_over_chunks_in_proportion() -> None:
