@@ -129,14 +129,25 @@ def test_calibrate_cli_against_a_reference_server_subprocess(tmp_path: Path) -> 
             "--detect",
             "5",
         ]
-        r = CliRunner().invoke(main, [*args, "--out", str(out)])
+        db = tmp_path / "tb.db"
+        r = CliRunner().invoke(main, [*args, "--out", str(out), "--db", str(db)])
         assert r.exit_code == 0, r.output
         assert "A/A calibration of agg_tok_s" in r.output and "K for 5%" in r.output
-        # The saved A/A run calibrates to the same table.
+        # The saved A/A run calibrates to the same table, from the file and from the store.
+        table = r.output[r.output.index("A/A calibration") :]
         again = CliRunner().invoke(main, ["calibrate", "--from", str(out), "--detect", "5"])
         assert again.exit_code == 0, again.output
-        table = r.output[r.output.index("A/A calibration") :]
         assert again.output[again.output.index("A/A calibration") :] == table
+        from tokbench.store import Store
+
+        with Store(db) as store:
+            (meta,) = store.list_runs()
+        assert meta.complete and meta.label == "calibration"
+        stored = CliRunner().invoke(
+            main, ["calibrate", "--from", meta.run_id, "--db", str(db), "--detect", "5"]
+        )
+        assert stored.exit_code == 0, stored.output
+        assert stored.output[stored.output.index("A/A calibration") :] == table
     finally:
         proc.terminate()
         proc.wait(timeout=10)

@@ -175,12 +175,13 @@ def _progress(console: Console) -> Any:
 )
 @click.option("--label", default="calibration", show_default=True)
 @click.option(
-    "--db", type=click.Path(dir_okay=False), default=None, help="results store (for --from run ids)"
+    "--db", type=click.Path(dir_okay=False), default=None, help="results store (the A/A run, --from run ids)"
 )
+@click.option("--no-store", is_flag=True, help="do not write the A/A run to the results store")
 def calibrate_cmd(base_url: str | None, from_run: str | None, levels: str, trials: int, detect: float | None,
                   margin: float, metric: str, model: str | None, api: str, requests: int | None,
                   max_tokens: int, api_key_env: str | None, out: Path | None, label: str,
-                  db: str | None) -> None:  # fmt: skip
+                  db: str | None, no_store: bool) -> None:  # fmt: skip
     """Noise floor per level from an A/A run against one unchanged server, the smallest change K trials per
     side can detect (80% power, alpha 0.05, compare's rule with --margin), and with --detect the trials per
     side a given change needs."""
@@ -207,10 +208,23 @@ def calibrate_cmd(base_url: str | None, from_run: str | None, levels: str, trial
             base_url=base_url, api=api, model=model, concurrencies=parse_levels(levels), trials=trials,
             requests=requests, max_tokens=max_tokens, api_key_env=api_key_env, label=label,
         )  # fmt: skip
+        from tokbench.cli.sweep import StoreWriter
         from tokbench.loadgen.runner import sweep_sync
 
-        # Ctrl-C ends the sweep cleanly with the trials that finished (meta.complete False).
-        run = sweep_sync(spec, api_key=api_key, label=label, on_trial=_progress(console))
+        # Ctrl-C ends the sweep cleanly with the trials that finished (meta.complete False). The A/A run is
+        # kept in the store like any sweep, so `--from RUN_ID` can calibrate again with another --detect.
+        progress = _progress(console)
+
+        def on_trial(t: TrialResult) -> None:
+            writer.on_trial(t)
+            progress(t)
+
+        with StoreWriter(db, enabled=not no_store) as writer:
+            run = sweep_sync(spec, api_key=api_key, label=label, on_start=writer.on_start,
+                             on_record=writer.on_record, on_trial=on_trial)  # fmt: skip
+            writer.finish(run)
+        if writer.run_id is not None:
+            console.print(f"stored as run {writer.run_id[:12]}", markup=False)
         if out is not None:
             from tokbench.report.export import write_result_json
 

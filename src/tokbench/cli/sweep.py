@@ -20,12 +20,45 @@ from tokbench.errors import ConfigError
 from tokbench.loadgen.client import fetch_text
 from tokbench.loadgen.runner import Progress as SweepProgress
 from tokbench.loadgen.runner import sweep_sync
-from tokbench.records import RequestRecord, RunMeta, TrialResult
+from tokbench.records import RequestRecord, RunMeta, RunResult, TrialResult
 from tokbench.report.export import write_result_json
 from tokbench.report.terminal import seed_table
 from tokbench.store import Store, default_db_path
 
 EXIT_INTERRUPTED = 130
+
+
+class StoreWriter:
+    """A sweep's records into the results store as they finish (`db` None: the default store), or nowhere
+    when not `enabled`. A context manager around the sweep; `finish(run)` once it returned."""
+
+    def __init__(self, db: str | Path | None, enabled: bool = True) -> None:
+        path = Path(db).expanduser() if db else default_db_path()
+        self.store = Store(path) if enabled else None
+        self.run_id: str | None = None
+
+    def __enter__(self) -> StoreWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.store is not None:
+            self.store.close()
+
+    def on_start(self, meta: RunMeta) -> None:
+        if self.store is not None:
+            self.run_id = self.store.begin_run(meta)
+
+    def on_record(self, c: int, t: int, r: RequestRecord) -> None:
+        if self.store is not None and self.run_id is not None:
+            self.store.add_record(self.run_id, c, t, r)
+
+    def on_trial(self, t: TrialResult) -> None:
+        if self.store is not None and self.run_id is not None:
+            self.store.add_trial(self.run_id, t)
+
+    def finish(self, run: RunResult) -> None:
+        if self.store is not None and self.run_id is not None:
+            self.store.finish_run(self.run_id, complete=run.meta.complete, meta=run.meta)
 
 
 def build_spec(values: Mapping[str, Any], flags: Mapping[str, str] | None = None) -> LoadSpec:
@@ -187,43 +220,26 @@ def sweep(**kw: Any) -> None:
     err = Console(stderr=True)
     stdout = Console(soft_wrap=False, width=None if Console().is_terminal else 200)
 
-    store = None if kw["no_store"] else Store(kw["db"].expanduser() if kw["db"] else default_db_path())
-    run_id: str | None = None
-
-    def on_start(meta: RunMeta) -> None:
-        nonlocal run_id
-        if store is not None:
-            run_id = store.begin_run(meta)
-
-    def on_record(c: int, t: int, r: RequestRecord) -> None:
-        if store is not None and run_id is not None:
-            store.add_record(run_id, c, t, r)
-
-    def on_trial(t: TrialResult) -> None:
-        if store is not None and run_id is not None:
-            store.add_trial(run_id, t)
+    writer = StoreWriter(kw["db"], enabled=not kw["no_store"])
 
     async def scrape() -> str | None:
         return await fetch_text(metrics_url, "")
 
     bars = _Bars(spec, err)
-    try:
+    with writer:
         with bars.progress:
             run = sweep_sync(
                 spec,
                 api_key=api_key,
                 label=spec.label,
-                on_start=on_start,
-                on_record=on_record,
+                on_start=writer.on_start,
+                on_record=writer.on_record,
                 on_progress=bars.update,
-                on_trial=on_trial,
+                on_trial=writer.on_trial,
                 scrape=None if metrics_url.lower() == "none" else scrape,
             )
-        if store is not None and run_id is not None:
-            store.finish_run(run_id, complete=run.meta.complete, meta=run.meta)
-    finally:
-        if store is not None:
-            store.close()
+        writer.finish(run)
+    run_id = writer.run_id
     if out is not None:  # the data first, then the rendering
         write_result_json(run, out.expanduser())
         err.print(f"wrote {out}")
