@@ -223,13 +223,25 @@ def _dp_attention(algorithm: str) -> Callable[[Argv], str | None]:
 _LCPP_DRAFT = ("-md", "--model-draft", "--spec-draft-model")
 
 
+# llama-server reads every flag from an environment variable too (common/arg.cpp set_env); a flag wins.
+_LCPP_DRAFT_ENV = ("LLAMA_ARG_SPEC_DRAFT_MODEL", "LLAMA_ARG_MODEL_DRAFT")
+_LCPP_SPEC_TYPE_ENV = "LLAMA_ARG_SPEC_TYPE"
+
+
 def _draft_without_spec_type(a: Argv) -> str | None:
     hit = a.find(*_LCPP_DRAFT)
-    if hit is None:
+    draft = (
+        hit[0]
+        if hit is not None
+        else next((f"{k}={a.env[k]}" for k in _LCPP_DRAFT_ENV if a.env.get(k)), None)
+    )
+    if draft is None:
         return None
     spec_type = a.value("--spec-type")
+    if spec_type is None:
+        spec_type = a.env.get(_LCPP_SPEC_TYPE_ENV)
     if spec_type is None or spec_type.strip().lower() == "none":
-        return f"{hit[0]} without --spec-type" if spec_type is None else f"{hit[0]} with --spec-type none"
+        return f"{draft} without --spec-type" if spec_type is None else f"{draft} with --spec-type none"
     return None
 
 

@@ -229,6 +229,17 @@ def test_draft_tree_rules_apply_to_the_eagle_family_only() -> None:
     assert ids(spec("sglang", nextn)) == ["sglang-topk-without-steps"]
 
 
+def test_llamacpp_flags_set_through_the_environment_count() -> None:
+    # llama-server reads LLAMA_ARG_* for every flag: a draft set there without a type is the same trap,
+    # and a type set there is a type
+    assert ids(spec("llamacpp", LCPP, {"LLAMA_ARG_SPEC_DRAFT_MODEL": "/m/d.gguf"})) == [
+        "llamacpp-draft-without-spec-type"
+    ]
+    typed = {"LLAMA_ARG_SPEC_DRAFT_MODEL": "/m/d.gguf", "LLAMA_ARG_SPEC_TYPE": "draft-simple"}
+    assert ids(spec("llamacpp", LCPP, typed)) == []
+    assert ids(spec("llamacpp", [*LCPP, "-md", "/m/d.gguf"], {"LLAMA_ARG_SPEC_TYPE": "draft-simple"})) == []
+
+
 def test_spec_v2_only_when_the_environment_enables_it() -> None:
     argv = [*SGL, *EAGLE, "--speculative-eagle-topk", "4"]
     assert ids(spec("sglang", argv, {"SGLANG_ENABLE_SPEC_V2": "0"})) == []
