@@ -68,6 +68,7 @@ _SEED_NUMERIC = (
     "ITL p50 ms",
 )
 _SEED_CAPTION = "mean±95% CI half-width over K trials (Student t); Tokens, Wall(s) per trial; Ok summed"
+_ONE_TRIAL_CAPTION = "one trial per level: no interval, and compare needs 2+ a side (run --trials 3 or more)"
 
 
 def _level_cells(level: LevelResult) -> tuple[list[str], str, bool]:
@@ -119,8 +120,9 @@ def seed_table(run: RunResult) -> Table:
     rows = [(lv, *_level_cells(lv)) for lv in run.levels]
     keep = [k for k in range(len(_SEED_NUMERIC)) if any(r[1][k] != "-" for r in rows)]
     notes = any(r[2] for r in rows)
-    caption = _SEED_CAPTION if show_trials else None
-    if run.meta.source.startswith("import:"):
+    imported = run.meta.source.startswith("import:")
+    caption = _SEED_CAPTION if show_trials else None if imported else _ONE_TRIAL_CAPTION
+    if imported:
         caption = f"imported from {run.meta.source[7:]}: summary figures only" + (
             f"; {caption}" if caption else ""
         )

@@ -56,7 +56,9 @@ def test_seed_table_single_trial() -> None:
  ──────────────────────────────────────────────────────────────────────────────────────────────────────────────────────
   1        71.4           71.4            71.4       20       0.3    2          50.0         10.0
   2        71.4           50.0            71.4       20       0.3    2          50.0         10.0   client-limited;
-                                                                                                    timeout 1"""
+                                                                                                    timeout 1
+
+                 one trial per level: no interval, and compare needs 2+ a side (run --trials 3 or more)"""
     assert _render(seed_table(run)) == expected
 
 
