@@ -128,6 +128,9 @@ def test_calibrate_cli_against_a_reference_server_subprocess(tmp_path: Path) -> 
             "8",
             "--detect",
             "5",
+            "--seed",  # the load options are sweep's: the A/A run is the A/B's workload
+            "7",
+            "--same-prompts",
         ]
         db = tmp_path / "tb.db"
         r = CliRunner().invoke(main, [*args, "--out", str(out), "--db", str(db)])
@@ -142,7 +145,9 @@ def test_calibrate_cli_against_a_reference_server_subprocess(tmp_path: Path) -> 
 
         with Store(db) as store:
             (meta,) = store.list_runs()
+            load = store.load_run(meta.run_id).meta.load
         assert meta.complete and meta.label == "calibration"
+        assert load["seed"] == 7 and load["same_prompts"] is True and load["trials"] == 3
         stored = CliRunner().invoke(
             main, ["calibrate", "--from", meta.run_id, "--db", str(db), "--detect", "5"]
         )

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -14,14 +13,14 @@ import click
 import numpy as np
 from rich.console import Console
 
-from tokbench.config import load_spec, parse_levels
+from tokbench.cli.sweep import load_options, measure
 from tokbench.errors import ConfigError
-from tokbench.records import RunResult, TrialResult
+from tokbench.records import RunResult
 from tokbench.report.terminal import calibration_table, seed_table, verdict_notes, verdict_table
 from tokbench.stats.compare import compare_runs, run_warnings, verdict_to_dict
 from tokbench.stats.importer import import_summary
 from tokbench.stats.power import calibrate
-from tokbench.stats.summary import METRICS, trial_figures
+from tokbench.stats.summary import METRICS
 
 _METRIC = click.Choice(list(METRICS))
 _METRIC_HELP = (
@@ -134,37 +133,13 @@ def import_cmd(file: Path, out: Path | None, label: str | None) -> None:
 # ---- calibrate ---------------------------------------------------------------------------------------------
 
 
-def _progress(console: Console) -> Any:
-    def on_trial(t: TrialResult) -> None:
-        f = trial_figures(t)
-        console.print(
-            f"C={t.concurrency} trial {t.trial}: {f.agg_tok_s:.1f} tok/s, {f.ok}/{f.requests} ok",
-            highlight=False,
-        )
-
-    return on_trial
-
-
 @click.command("calibrate")
 @click.option("--base-url", default=None, help="server to measure (an A/A run: K trials, nothing changed)")
 @click.option("--from", "from_run", default=None, help="calibrate from an existing A/A result file or run id")
-@click.option("-c", "--concurrency", "levels", default="1,4,16,32", show_default=True)
 @click.option("--trials", type=int, default=5, show_default=True, help="trials per level (3 or more)")
+@click.option("--label", default="calibration", show_default=True, help="a name for the A/A run")
 @click.option(
     "--detect", type=float, default=None, help="a change in % to find the trials per side for, e.g. 3"
-)
-@click.option(
-    "--metric", type=_METRIC, metavar="METRIC", default="agg_tok_s", show_default=True, help=_METRIC_HELP
-)
-@click.option("--model", default=None)
-@click.option(
-    "--api", type=click.Choice(["chat", "completions", "sglang"]), default="chat", show_default=True
-)
-@click.option("--requests", type=int, default=None, help="requests per trial [default: max(4, 2*C)]")
-@click.option("--max-tokens", type=int, default=1000, show_default=True)
-@click.option("--api-key-env", default=None, help="environment variable holding the API key")
-@click.option(
-    "--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="write the A/A run"
 )
 @click.option(
     "--margin",
@@ -173,65 +148,34 @@ def _progress(console: Console) -> Any:
     show_default=True,
     help="the equivalence margin in % you will compare with: changes inside it are no_difference",
 )
-@click.option("--label", default="calibration", show_default=True)
 @click.option(
-    "--db", type=click.Path(dir_okay=False), default=None, help="results store (the A/A run, --from run ids)"
+    "--metric", type=_METRIC, metavar="METRIC", default="agg_tok_s", show_default=True, help=_METRIC_HELP
 )
-@click.option("--no-store", is_flag=True, help="do not write the A/A run to the results store")
-def calibrate_cmd(base_url: str | None, from_run: str | None, levels: str, trials: int, detect: float | None,
-                  margin: float, metric: str, model: str | None, api: str, requests: int | None,
-                  max_tokens: int, api_key_env: str | None, out: Path | None, label: str,
-                  db: str | None, no_store: bool) -> None:  # fmt: skip
+@load_options
+def calibrate_cmd(**kw: Any) -> None:  # fmt: skip
     """Noise floor per level from an A/A run against one unchanged server, the smallest change K trials per
     side can detect (80% power, alpha 0.05, compare's rule with --margin), and with --detect the trials per
-    side a given change needs."""
-    if (base_url is None) == (from_run is None):
+    side a given change needs. The load options are sweep's: measure the workload your A/B will run."""
+    from_run: str | None = kw["from_run"]
+    margin: float = kw["margin"]
+    detect: float | None = kw["detect"]
+    if (kw["base_url"] is None) == (from_run is None):
         raise ConfigError("calibrate: give either --base-url (measure now) or --from (an earlier A/A run)")
     if not 0 <= margin < 100:
         raise ConfigError(f"--margin: {margin} is not a margin in % between 0 and 100, e.g. 2")
     if detect is not None and not 0 < detect < 100:
         raise ConfigError(f"--detect: {detect} is not a change in % between 0 and 100, e.g. 3")
-    console = Console(stderr=True)
     if from_run is not None:
-        run = _load(from_run, db)
+        run = _load(from_run, str(kw["db"]) if kw["db"] else None)
     else:
-        if trials < 2:
+        if kw["trials"] < 2:
             raise ConfigError(
                 "--trials: calibration needs at least 2 trials per level (3 or more recommended)"
             )
-        api_key = None
-        if api_key_env:
-            api_key = os.environ.get(api_key_env)
-            if api_key is None:
-                raise ConfigError(f"--api-key-env: environment variable {api_key_env} is not set")
-        spec = load_spec(
-            base_url=base_url, api=api, model=model, concurrencies=parse_levels(levels), trials=trials,
-            requests=requests, max_tokens=max_tokens, api_key_env=api_key_env, label=label,
-        )  # fmt: skip
-        from tokbench.cli.sweep import StoreWriter
-        from tokbench.loadgen.runner import sweep_sync
-
-        # Ctrl-C ends the sweep cleanly with the trials that finished (meta.complete False). The A/A run is
-        # kept in the store like any sweep, so `--from RUN_ID` can calibrate again with another --detect.
-        progress = _progress(console)
-
-        def on_trial(t: TrialResult) -> None:
-            writer.on_trial(t)
-            progress(t)
-
-        with StoreWriter(db, enabled=not no_store) as writer:
-            run = sweep_sync(spec, api_key=api_key, label=label, on_start=writer.on_start,
-                             on_record=writer.on_record, on_trial=on_trial)  # fmt: skip
-            writer.finish(run)
-        if writer.run_id is not None:
-            console.print(f"stored as run {writer.run_id[:12]}", markup=False)
-        if out is not None:
-            from tokbench.report.export import write_result_json
-
-            write_result_json(run, out)
-            console.print(f"wrote {out}", markup=False)
-    rows = calibrate(run, metric, detect, margin)
-    _console().print(calibration_table(rows, metric))
+        # Stored like any sweep, so `--from RUN_ID` can calibrate again with another --detect or --margin.
+        run = measure(kw, calibrate_cmd.params)
+    rows = calibrate(run, kw["metric"], detect, margin)
+    _console().print(calibration_table(rows, kw["metric"]))
     if from_run is None and not run.meta.complete:
         click.echo(
             "warning: the run was interrupted; the calibration uses the trials that finished", err=True

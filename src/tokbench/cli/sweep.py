@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -120,96 +120,125 @@ class _Bars:
         self.progress.update(self._tasks[p.concurrency], completed=done, errors=errors)
 
 
+# The options of one measured run, shared by `sweep` and `calibrate`: an A/A run must be the A/B's workload.
+LOAD_OPTIONS = [
+    click.option("--model", default=None, help="model name [default: the first id from /v1/models]"),
+    click.option(
+        "--api", type=click.Choice(["chat", "completions", "sglang"]), default="chat", show_default=True
+    ),
+    click.option(
+        "-c",
+        "--concurrency",
+        "concurrencies",
+        default="1,4,16,32",
+        show_default=True,
+        help="comma-separated concurrency levels",
+    ),
+    click.option("--requests", type=int, default=None, help="requests per trial [default: max(4, 2*C)]"),
+    click.option(
+        "--order",
+        type=click.Choice(["interleaved", "shuffled", "blocked"]),
+        default="interleaved",
+        show_default=True,
+        help="trial order across levels",
+    ),
+    click.option(
+        "--warmup", type=int, default=2, show_default=True, help="unmeasured requests before the first trial"
+    ),
+    click.option("--max-tokens", type=int, default=1000, show_default=True),
+    click.option(
+        "--ignore-eos/--no-ignore-eos",
+        default=True,
+        show_default=True,
+        help="generate exactly --max-tokens (equal work for comparisons)",
+    ),
+    click.option("--min-tokens", type=int, default=None),
+    click.option("--temperature", type=float, default=0.0, show_default=True),
+    click.option("--top-p", type=float, default=None),
+    click.option("--seed", type=int, default=0, show_default=True, help="workload and schedule seed"),
+    click.option("--request-seed", type=int, default=None, help="the request body's `seed`"),
+    click.option("--extra-body", default=None, help="JSON object merged into every request body"),
+    click.option(
+        "--prompts", default="builtin", show_default=True, help="'builtin' or a JSONL / ShareGPT file"
+    ),
+    click.option(
+        "--prompt-format", type=click.Choice(["auto", "jsonl", "sharegpt"]), default="auto", show_default=True
+    ),
+    click.option("--same-prompts", is_flag=True, help="every level and trial sends the same prompt sequence"),
+    click.option("--request-rate", type=float, default=None, help="open loop: Poisson arrivals per second"),
+    click.option(
+        "--timeout",
+        "timeout_s",
+        type=float,
+        default=600.0,
+        show_default=True,
+        help="per-request deadline, seconds",
+    ),
+    click.option(
+        "--stall-timeout",
+        "stall_timeout_s",
+        type=float,
+        default=60.0,
+        show_default=True,
+        help="fail a request after this many seconds without a byte",
+    ),
+    click.option(
+        "--lag-threshold-ms",
+        type=float,
+        default=50.0,
+        show_default=True,
+        help="event-loop lag p99 above this flags a level client-limited",
+    ),
+    click.option("--api-key-env", default=None, help="name of the environment variable holding the API key"),
+    click.option(
+        "--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="result JSON file"
+    ),
+    click.option(
+        "--db",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        help="results store [default: the user data directory, or $TOKBENCH_DB]",
+    ),
+    click.option("--no-store", is_flag=True, help="do not write the results store"),
+    click.option(
+        "--metrics-url",
+        default=None,
+        help="Prometheus text scraped around each trial [default: BASE_URL/metrics]; 'none' to skip",
+    ),
+]
+
+
+def load_options(f: Any) -> Any:
+    """Apply LOAD_OPTIONS to a click command function, in the order they are listed."""
+    for option in reversed(LOAD_OPTIONS):
+        f = option(f)
+    return f
+
+
 @click.command("sweep")
 @click.option("--base-url", required=True, help="server root, e.g. http://127.0.0.1:8080")
-@click.option("--model", default=None, help="model name [default: the first id from /v1/models]")
-@click.option(
-    "--api", type=click.Choice(["chat", "completions", "sglang"]), default="chat", show_default=True
-)
-@click.option(
-    "-c",
-    "--concurrency",
-    "concurrencies",
-    default="1,4,16,32",
-    show_default=True,
-    help="comma-separated concurrency levels",
-)
-@click.option("--requests", type=int, default=None, help="requests per trial [default: max(4, 2*C)]")
 @click.option("--trials", type=int, default=1, show_default=True, help="trials per level")
-@click.option(
-    "--order",
-    type=click.Choice(["interleaved", "shuffled", "blocked"]),
-    default="interleaved",
-    show_default=True,
-    help="trial order across levels",
-)
-@click.option(
-    "--warmup", type=int, default=2, show_default=True, help="unmeasured requests before the first trial"
-)
-@click.option("--max-tokens", type=int, default=1000, show_default=True)
-@click.option(
-    "--ignore-eos/--no-ignore-eos",
-    default=True,
-    show_default=True,
-    help="generate exactly --max-tokens (equal work for comparisons)",
-)
-@click.option("--min-tokens", type=int, default=None)
-@click.option("--temperature", type=float, default=0.0, show_default=True)
-@click.option("--top-p", type=float, default=None)
-@click.option("--seed", type=int, default=0, show_default=True, help="workload and schedule seed")
-@click.option("--request-seed", type=int, default=None, help="the request body's `seed`")
-@click.option("--extra-body", default=None, help="JSON object merged into every request body")
-@click.option("--prompts", default="builtin", show_default=True, help="'builtin' or a JSONL / ShareGPT file")
-@click.option(
-    "--prompt-format", type=click.Choice(["auto", "jsonl", "sharegpt"]), default="auto", show_default=True
-)
-@click.option("--same-prompts", is_flag=True, help="every level and trial sends the same prompt sequence")
-@click.option("--request-rate", type=float, default=None, help="open loop: Poisson arrivals per second")
-@click.option(
-    "--timeout",
-    "timeout_s",
-    type=float,
-    default=600.0,
-    show_default=True,
-    help="per-request deadline, seconds",
-)
-@click.option(
-    "--stall-timeout",
-    "stall_timeout_s",
-    type=float,
-    default=60.0,
-    show_default=True,
-    help="fail a request after this many seconds without a byte",
-)
-@click.option(
-    "--lag-threshold-ms",
-    type=float,
-    default=50.0,
-    show_default=True,
-    help="event-loop lag p99 above this flags a level client-limited",
-)
-@click.option("--api-key-env", default=None, help="name of the environment variable holding the API key")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=None, help="result JSON file")
 @click.option("--label", default="", help="a name for this run")
-@click.option(
-    "--db",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="results store [default: the user data directory, or $TOKBENCH_DB]",
-)
-@click.option("--no-store", is_flag=True, help="do not write the results store")
-@click.option(
-    "--metrics-url",
-    default=None,
-    help="Prometheus text scraped around each trial [default: BASE_URL/metrics]; 'none' to skip",
-)
+@load_options
 def sweep(**kw: Any) -> None:
     """Measure throughput and latency at each concurrency level and print the seed's table."""
+    run = measure(kw, sweep.params)
+    if not run.meta.complete:
+        Console(stderr=True).print(
+            "interrupted: every finished request was kept; the run is marked incomplete"
+        )
+        raise SystemExit(EXIT_INTERRUPTED)
+
+
+def measure(kw: Mapping[str, Any], params: Sequence[click.Parameter]) -> RunResult:
+    """One run from a command's LOAD_OPTIONS (plus base_url, trials, label): progress bars on stderr, every
+    finished request into the store, the result file, then the seed's table on stdout. Ctrl-C ends it with
+    the trials that finished (meta.complete False)."""
     fields = set(LoadSpec.model_fields)
     values = {k: v for k, v in kw.items() if k in fields}
     values["concurrencies"] = parse_levels(kw["concurrencies"])
     values["extra_body"] = parse_extra_body(kw["extra_body"])
-    spec = build_spec(values, {p.name: p.opts[-1] for p in sweep.params if p.name in fields})
+    spec = build_spec(values, {p.name: p.opts[-1] for p in params if p.name in fields})
     if spec.prompts != "builtin" and not Path(spec.prompts).expanduser().is_file():
         raise ConfigError(
             f"--prompts: no such file {spec.prompts!r}; pass a JSONL / ShareGPT file or 'builtin'"
@@ -246,9 +275,7 @@ def sweep(**kw: Any) -> None:
     stdout.print(seed_table(run))
     if run_id is not None:
         err.print(f"stored as run {run_id[:12]}")
-    if not run.meta.complete:
-        err.print("interrupted: every finished request was kept; the run is marked incomplete")
-        raise SystemExit(EXIT_INTERRUPTED)
+    return run
 
 
 COMMANDS: list[click.Command] = [sweep]
