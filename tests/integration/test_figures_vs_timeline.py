@@ -23,16 +23,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from reference_proc import reference_server
 
 from tokbench.testing import RequestTrace, read_jsonl
 from tokbench.workload import builtin_corpus
@@ -40,25 +39,6 @@ from tokbench.workload import builtin_corpus
 TTFT_MS, ITL_MS = 100, 20
 FIGURES = ("per_req_tok_s", "ttft_p50", "e2e_p50", "tpot_p50", "itl_p50")
 REL = 0.02  # the done-when
-
-
-@contextmanager
-def reference_server(tmp_path: Path, *args: str) -> Iterator[tuple[str, Path]]:
-    timeline = tmp_path / "timeline.jsonl"
-    cmd = [sys.executable, "-m", "tokbench.testing", "--port", "0", "--timeline-out", str(timeline), *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("listening on "), line
-        yield line.split()[-1], timeline
-    finally:
-        proc.send_signal(signal.SIGTERM)  # the timeline is written at exit
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def sweep(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

@@ -9,12 +9,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from reference_proc import reference_server
 
 from tokbench.cli import main
 from tokbench.errors import ConfigError
@@ -23,25 +22,6 @@ from tokbench.testing import RequestTrace, read_jsonl
 from tokbench.workload import builtin_corpus
 
 SECRET = "sk-tokbench-test-SECRET-42"
-
-
-@contextmanager
-def reference_server(tmp_path: Path, *args: str) -> Iterator[tuple[str, Path]]:
-    timeline = tmp_path / "timeline.jsonl"
-    cmd = [sys.executable, "-m", "tokbench.testing", "--port", "0", "--timeline-out", str(timeline), *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("listening on "), line
-        yield line.split()[-1], timeline
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def sweep(

@@ -7,6 +7,7 @@ process being killed (not a power cut). A run stays incomplete until `finish_run
 from __future__ import annotations
 
 import array
+import contextlib
 import dataclasses
 import json
 import os
@@ -15,7 +16,7 @@ import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -248,20 +249,26 @@ class Store:
         )
         return run_id
 
-    def begin_run(self, meta: RunMeta) -> str:
-        """Record the run's metadata and configurations; it stays incomplete until `finish_run`. Returns its
-        id (meta.run_id, or a new one when that is empty)."""
+    @contextlib.contextmanager
+    def _transaction(self, what: str) -> Iterator[None]:
+        """One write transaction, under the lock: committed, or rolled back on any exception (an sqlite error
+        becomes a StoreError naming `what`)."""
         with self._lock:
             try:
                 self._conn.execute("BEGIN")
-                run_id = self._insert_run(meta, complete=False)
+                yield
                 self._conn.execute("COMMIT")
             except BaseException as e:
                 self._conn.execute("ROLLBACK")
                 if isinstance(e, sqlite3.Error):
-                    raise self._fail("begin_run", e) from e
+                    raise self._fail(what, e) from e
                 raise
-            return run_id
+
+    def begin_run(self, meta: RunMeta) -> str:
+        """Record the run's metadata and configurations; it stays incomplete until `finish_run`. Returns its
+        id (meta.run_id, or a new one when that is empty)."""
+        with self._transaction("begin_run"):
+            return self._insert_run(meta, complete=False)
 
     def _next_attempt(self, key: CellKey) -> int:
         # A cell seen again after its trial row was written is a re-run (campaign retry): a new attempt.
@@ -335,31 +342,20 @@ class Store:
         """Mark the run complete (or explicitly incomplete, e.g. after Ctrl-C). With `meta`, its metadata and
         configurations replace those `begin_run` saw: a campaign learns the model and the resolved server
         configuration only once the server is up."""
-        with self._lock:
-            try:
-                self._conn.execute("BEGIN")
-                cur = self._conn.execute(
-                    "UPDATE runs SET complete = ? WHERE run_id = ?", (int(complete), run_id)
+        with self._transaction("finish_run"):
+            cur = self._conn.execute("UPDATE runs SET complete = ? WHERE run_id = ?", (int(complete), run_id))
+            if cur.rowcount and meta is not None:
+                body = {name: getattr(meta, name) for name in _META_FIELDS}
+                body["run_id"] = run_id
+                self._conn.execute(
+                    "UPDATE runs SET label = ?, meta = ? WHERE run_id = ?", (meta.label, _json(body), run_id)
                 )
-                if cur.rowcount and meta is not None:
-                    body = {name: getattr(meta, name) for name in _META_FIELDS}
-                    body["run_id"] = run_id
-                    self._conn.execute(
-                        "UPDATE runs SET label = ?, meta = ? WHERE run_id = ?",
-                        (meta.label, _json(body), run_id),
-                    )
-                    self._conn.executemany(
-                        "INSERT OR REPLACE INTO configs (run_id, kind, body) VALUES (?, ?, ?)",
-                        [(run_id, kind, _json(dict(getattr(meta, kind)))) for kind in _CONFIG_KINDS],
-                    )
-                self._conn.execute("COMMIT")
-            except BaseException as e:
-                self._conn.execute("ROLLBACK")
-                if isinstance(e, sqlite3.Error):
-                    raise self._fail("finish_run", e) from e
-                raise
-            if cur.rowcount == 0:
-                raise StoreError(f"finish_run: unknown run {run_id!r}")
+                self._conn.executemany(
+                    "INSERT OR REPLACE INTO configs (run_id, kind, body) VALUES (?, ?, ?)",
+                    [(run_id, kind, _json(dict(getattr(meta, kind)))) for kind in _CONFIG_KINDS],
+                )
+        if cur.rowcount == 0:
+            raise StoreError(f"finish_run: unknown run {run_id!r}")
 
     def save_run(self, run: RunResult) -> str:
         """Import a whole run (e.g. from a JSON result file) in one transaction; returns its id."""
