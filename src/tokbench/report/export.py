@@ -24,7 +24,7 @@ import numpy as np
 
 from tokbench.errors import InsufficientDataError, StoreError
 from tokbench.records import RequestRecord, RunResult, TrialResult, run_to_dict
-from tokbench.stats.summary import METRICS, metric_value, summarize, trial_figures
+from tokbench.stats.summary import METRICS, figure_values, summarize, trial_figures
 from tokbench.store.files import read_result_file
 
 # Each level's summary (mean over trials with its 95% t interval) of every figure compare can judge.
@@ -61,11 +61,10 @@ def result_to_json(run: RunResult) -> dict[str, Any]:
             t_dict.update({k: v for k, v in jsonable(figures).items() if k not in _TRIAL_FIELDS})
         summary: dict[str, Any] = {}
         for metric in SUMMARY_METRICS:
-            values = [
-                v for f in level_figures if (v := metric_value(f, metric)) is not None and math.isfinite(v)
-            ]
             try:
-                summary[metric] = jsonable(summarize(values, lv.concurrency, metric))
+                summary[metric] = jsonable(
+                    summarize(figure_values(level_figures, metric), lv.concurrency, metric)
+                )
             except InsufficientDataError:
                 summary[metric] = None
         lv_dict["summary"] = summary

@@ -288,18 +288,10 @@ def diff_configs(runs: Sequence[RunResult]) -> list[tuple[str, list[str]]]:
     """Keys of the resolved server configuration and the load settings whose values differ between runs, with
     each run's value ('-' where a run lacks the key). Per-launch facts (ports, seeds, live counters) are not
     configuration and are left out."""
-    flat = [
-        {
-            k: v
-            for k, v in {
-                **flatten(r.meta.server, "server."),
-                **flatten(r.meta.load, "load."),
-                "model": r.meta.model,
-            }.items()
-            if _is_config(k)
-        }
-        for r in runs
-    ]
+    flat = []
+    for r in runs:
+        facts = {**flatten(r.meta.server, "server."), **flatten(r.meta.load, "load."), "model": r.meta.model}
+        flat.append({k: v for k, v in facts.items() if _is_config(k)})
     keys = sorted(set().union(*flat)) if flat else []
     rows = []
     for key in keys:

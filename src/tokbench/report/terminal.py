@@ -239,7 +239,7 @@ def calibration_table(rows: Sequence[LevelCalibration], metric: str) -> Table:
             if r.trials_for_detect is not None:
                 cells.append(str(r.trials_for_detect))
             else:  # a change inside the margin is no_difference however many trials
-                cells.append("never" if detect is not None and detect <= r.margin_pct else ">1000")
+                cells.append("never" if detect <= r.margin_pct else ">1000")
         drift = "-" if r.drift_pct is None else f"{r.drift_pct:+.2f}"
         cells.append(drift + (" !" if r.drift_significant else ""))
         table.add_row(*cells)

@@ -90,10 +90,10 @@ def trials_for_change(
         return None
     if cv_a == 0 and cv_b == 0:
         return 2 if effect > math.log1p(margin_pct / 100) else None
-    seed = rng if rng is not None else np.random.default_rng(0)
+    gen = rng if rng is not None else np.random.default_rng(0)
     # Every n up to 64, then a geometric grid: past a few dozen trials the answer is "about this many".
     for n in (*range(2, 65), *(int(g) for g in _GRID if g > 64)):
-        hit = float(np.mean(_call_thresholds(cv_a, cv_b, n, margin_pct, alpha, seed) < effect)) >= power
+        hit = float(np.mean(_call_thresholds(cv_a, cv_b, n, margin_pct, alpha, gen) < effect)) >= power
         if hit:
             return int(n)
     return None
@@ -160,9 +160,7 @@ class LevelCalibration:
     cv_pct: float  # sd / mean across trials, in %
     cv_upper_pct: float | None  # 95% upper confidence bound of the CV (chi-square on the variance)
     half_width_pct: float | None  # expected ± of a comparison's 95% interval with K trials per side
-    mde_pct: (
-        float | None
-    )  # smallest change K trials per side call faster/slower at 80% power (compare's rule)
+    mde_pct: float | None  # smallest change called faster/slower at 80% power, K a side (compare's rule)
     detect_pct: float | None  # the change asked about (--detect)
     trials_for_detect: int | None  # trials per side for that change; None: more than MAX_TRIALS, or never
     drift_pct: float | None  # fitted trend over the trials in execution order, first to last (stats.drift)

@@ -333,12 +333,13 @@ class LevelSummary:
 
 def metric_values(level: LevelResult, metric: str) -> list[float]:
     """The metric of each trial at this level, trials without data for it left out."""
-    out = []
-    for t in level.trials:
-        v = metric_value(trial_figures(t), metric)
-        if v is not None and np.isfinite(v):
-            out.append(float(v))
-    return out
+    return figure_values([trial_figures(t) for t in level.trials], metric)
+
+
+def figure_values(figures: Sequence[TrialFigures], metric: str) -> list[float]:
+    """The metric of each trial's figures, trials without data for it left out."""
+    values = (metric_value(f, metric) for f in figures)
+    return [float(v) for v in values if v is not None and np.isfinite(v)]
 
 
 def summarize(

@@ -95,6 +95,15 @@ def _json(obj: Any) -> str:
     return json.dumps(obj, default=str, separators=(",", ":"))
 
 
+def _meta_json(run_id: str, meta: RunMeta) -> str:
+    """RunMeta as the runs table keeps it: every field but the configurations and `complete`."""
+    return _json({**{name: getattr(meta, name) for name in _META_FIELDS}, "run_id": run_id})
+
+
+def _config_rows(run_id: str, meta: RunMeta) -> list[tuple[str, str, str]]:
+    return [(run_id, kind, _json(dict(getattr(meta, kind)))) for kind in _CONFIG_KINDS]
+
+
 def _pack(values: Sequence[int], dtype: str) -> bytes:
     # array.array converts a tuple of ints about twice as fast as numpy; the blob is little-endian either way.
     packed = array.array("q" if dtype == "<i8" else "i", values)
@@ -237,15 +246,12 @@ class Store:
         run_id = meta.run_id or self.new_run_id()
         if self._conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone():
             raise StoreError(f"run {run_id} is already in {self.path}; give the run another id")
-        body = {name: getattr(meta, name) for name in _META_FIELDS}
-        body["run_id"] = run_id
         self._conn.execute(
             "INSERT INTO runs (run_id, label, started_at, complete, source, meta) VALUES (?, ?, ?, ?, ?, ?)",
-            (run_id, meta.label, meta.started_at, int(complete), meta.source, _json(body)),
+            (run_id, meta.label, meta.started_at, int(complete), meta.source, _meta_json(run_id, meta)),
         )
         self._conn.executemany(
-            "INSERT INTO configs (run_id, kind, body) VALUES (?, ?, ?)",
-            [(run_id, kind, _json(dict(getattr(meta, kind)))) for kind in _CONFIG_KINDS],
+            "INSERT INTO configs (run_id, kind, body) VALUES (?, ?, ?)", _config_rows(run_id, meta)
         )
         return run_id
 
@@ -345,14 +351,13 @@ class Store:
         with self._transaction("finish_run"):
             cur = self._conn.execute("UPDATE runs SET complete = ? WHERE run_id = ?", (int(complete), run_id))
             if cur.rowcount and meta is not None:
-                body = {name: getattr(meta, name) for name in _META_FIELDS}
-                body["run_id"] = run_id
                 self._conn.execute(
-                    "UPDATE runs SET label = ?, meta = ? WHERE run_id = ?", (meta.label, _json(body), run_id)
+                    "UPDATE runs SET label = ?, meta = ? WHERE run_id = ?",
+                    (meta.label, _meta_json(run_id, meta), run_id),
                 )
                 self._conn.executemany(
                     "INSERT OR REPLACE INTO configs (run_id, kind, body) VALUES (?, ?, ?)",
-                    [(run_id, kind, _json(dict(getattr(meta, kind)))) for kind in _CONFIG_KINDS],
+                    _config_rows(run_id, meta),
                 )
         if cur.rowcount == 0:
             raise StoreError(f"finish_run: unknown run {run_id!r}")
